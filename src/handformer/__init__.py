@@ -1,0 +1,25 @@
+"""handformer: a hand-written Transformer in PyTorch.
+
+Readable in an afternoon, exact enough to run real pretrained checkpoints, with efficient
+attention variants and attention maps you can look at.
+"""
+
+from handformer.attention import AttentionKind, FullAttention, scaled_dot_product_attention
+from handformer.layers import EncoderLayer, FeedForward, MultiHeadAttention
+from handformer.models.encoder import Encoder, EncoderOutput
+from handformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "scaled_dot_product_attention",
+    "AttentionKind",
+    "FullAttention",
+    "MultiHeadAttention",
+    "FeedForward",
+    "EncoderLayer",
+    "Encoder",
+    "EncoderOutput",
+    "SinusoidalPositionalEncoding",
+    "LearnedPositionalEmbedding",
+]

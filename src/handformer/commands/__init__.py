@@ -1,0 +1,1 @@
+"""Sub-commands of the ``handformer`` CLI (see :mod:`handformer.cli`)."""

@@ -1,0 +1,180 @@
+"""Convert between ``torch.nn`` modules and handformer modules, weights included.
+
+``from_torch(module)`` builds the handformer module with the same weights; ``to_torch(module)``
+goes back. handformer modules are batch-first: a converted ``batch_first=False`` torch module
+expects ``(B, L, E)`` inputs afterwards (transpose ``(L, B, E)`` inputs with ``x.transpose(0,
+1)``). Masks change convention too: convert torch masks with
+:func:`handformer.masks.from_torch_mask`.
+
+The conversion table is a dict from type to converter, so other modules (decoder layers,
+whole transformers) register beside these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from handformer.attention.kinds import FullAttention
+from handformer.layers import EncoderLayer, MultiHeadAttention
+
+__all__ = ["from_torch", "to_torch", "FROM_TORCH", "TO_TORCH"]
+
+FROM_TORCH: dict[type, Callable[[nn.Module], nn.Module]] = {}
+TO_TORCH: dict[type, Callable[[nn.Module], nn.Module]] = {}
+
+
+def from_torch(module: nn.Module) -> nn.Module:
+    """Convert a ``torch.nn`` module to the equivalent handformer module (weights copied).
+
+    Supported: ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` (plus the decoder
+    side once registered). The result is in the same train/eval mode as ``module``.
+
+    Raises:
+        TypeError: for unsupported module types.
+        ValueError: for options handformer does not implement (e.g. ``add_bias_kv``).
+    """
+    converter = FROM_TORCH.get(type(module))
+    if converter is None:
+        raise TypeError(
+            f"from_torch cannot convert {type(module).__name__}; supported: "
+            f"{', '.join(t.__name__ for t in FROM_TORCH)}"
+        )
+    out = converter(module)
+    return _like(out, module)
+
+
+def to_torch(module: nn.Module) -> nn.Module:
+    """Convert a handformer module to the equivalent ``torch.nn`` module (batch_first=True).
+
+    Raises:
+        TypeError: for unsupported module types.
+        ValueError: for modules using an attention kind torch does not have.
+    """
+    converter = TO_TORCH.get(type(module))
+    if converter is None:
+        raise TypeError(
+            f"to_torch cannot convert {type(module).__name__}; supported: "
+            f"{', '.join(t.__name__ for t in TO_TORCH)}"
+        )
+    out = converter(module)
+    return _like(out, module)
+
+
+def _like(out: nn.Module, module: nn.Module) -> nn.Module:
+    """``out`` moved to ``module``'s device and dtype, in its train/eval mode."""
+    p = next(module.parameters(), None)
+    if p is not None:
+        out = out.to(device=p.device, dtype=p.dtype)
+    return out.train(module.training)
+
+
+@torch.no_grad()
+def _copy_linear(dst: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    dst.weight.copy_(weight)
+    if dst.bias is not None:
+        dst.bias.copy_(bias)
+
+
+# ---- MultiheadAttention --------------------------------------------------------------------
+
+def _mha_from_torch(m: nn.MultiheadAttention) -> MultiHeadAttention:
+    if m.bias_k is not None or m.add_zero_attn:
+        raise ValueError("from_torch: add_bias_kv and add_zero_attn are not supported")
+    E = m.embed_dim
+    bias = m.in_proj_bias is not None
+    out = MultiHeadAttention(E, m.num_heads, dropout=m.dropout, bias=bias, kdim=m.kdim,
+                             vdim=m.vdim)
+    if m._qkv_same_embed_dim:
+        wq, wk, wv = m.in_proj_weight.chunk(3)  # (3E, E) -> 3 x (E, E)
+    else:
+        wq, wk, wv = m.q_proj_weight, m.k_proj_weight, m.v_proj_weight
+    bq, bk, bv = m.in_proj_bias.chunk(3) if bias else (None, None, None)
+    _copy_linear(out.q_proj, wq, bq)
+    _copy_linear(out.k_proj, wk, bk)
+    _copy_linear(out.v_proj, wv, bv)
+    _copy_linear(out.out_proj, m.out_proj.weight, m.out_proj.bias)
+    return out
+
+
+@torch.no_grad()
+def _mha_to_torch(m: MultiHeadAttention) -> nn.MultiheadAttention:
+    if not isinstance(m.attention, FullAttention):
+        raise ValueError(
+            f"to_torch: torch.nn.MultiheadAttention has no {type(m.attention).__name__}"
+        )
+    bias = m.q_proj.bias is not None
+    out = nn.MultiheadAttention(m.d_model, m.num_heads, dropout=m.dropout, bias=bias,
+                                kdim=m.kdim, vdim=m.vdim, batch_first=True)
+    if out._qkv_same_embed_dim:
+        out.in_proj_weight.copy_(
+            torch.cat([m.q_proj.weight, m.k_proj.weight, m.v_proj.weight])  # (3E, E)
+        )
+    else:
+        out.q_proj_weight.copy_(m.q_proj.weight)
+        out.k_proj_weight.copy_(m.k_proj.weight)
+        out.v_proj_weight.copy_(m.v_proj.weight)
+    if bias:
+        out.in_proj_bias.copy_(torch.cat([m.q_proj.bias, m.k_proj.bias, m.v_proj.bias]))
+    _copy_linear(out.out_proj, m.out_proj.weight, m.out_proj.bias)
+    return out
+
+
+# ---- TransformerEncoderLayer ---------------------------------------------------------------
+
+def activation_name(activation: object) -> str:
+    """Name of a torch activation (function or module) as handformer spells it."""
+    if activation is F.relu or isinstance(activation, nn.ReLU):
+        return "relu"
+    if activation is F.gelu:
+        return "gelu"
+    if isinstance(activation, nn.GELU):
+        return "gelu_tanh" if activation.approximate == "tanh" else "gelu"
+    raise ValueError(f"unsupported activation {activation!r}; use relu or gelu")
+
+
+@torch.no_grad()
+def copy_norm(dst: nn.LayerNorm, src: nn.LayerNorm) -> None:
+    """Copy a LayerNorm's affine parameters."""
+    dst.weight.copy_(src.weight)
+    if dst.bias is not None:
+        dst.bias.copy_(src.bias)
+
+
+def _encoder_layer_from_torch(m: nn.TransformerEncoderLayer) -> EncoderLayer:
+    out = EncoderLayer(
+        m.linear1.in_features, m.self_attn.num_heads, m.linear1.out_features,
+        dropout=m.dropout.p, activation=activation_name(m.activation), norm_first=m.norm_first,
+        layer_norm_eps=m.norm1.eps, bias=m.linear1.bias is not None,
+    )
+    out.self_attn = _mha_from_torch(m.self_attn)
+    _copy_linear(out.ff.linear1, m.linear1.weight, m.linear1.bias)
+    _copy_linear(out.ff.linear2, m.linear2.weight, m.linear2.bias)
+    copy_norm(out.norm1, m.norm1)
+    copy_norm(out.norm2, m.norm2)
+    return out
+
+
+def _encoder_layer_to_torch(m: EncoderLayer) -> nn.TransformerEncoderLayer:
+    bias = m.ff.linear1.bias is not None
+    activation = {"relu": "relu", "gelu": "gelu", "gelu_tanh": nn.GELU(approximate="tanh")}
+    out = nn.TransformerEncoderLayer(
+        m.d_model, m.self_attn.num_heads, m.ff.linear1.out_features,
+        dropout=m.dropout1.p, activation=activation[m.ff.activation_name],
+        layer_norm_eps=m.norm1.eps, batch_first=True, norm_first=m.norm_first, bias=bias,
+    )
+    out.self_attn = _mha_to_torch(m.self_attn)
+    _copy_linear(out.linear1, m.ff.linear1.weight, m.ff.linear1.bias)
+    _copy_linear(out.linear2, m.ff.linear2.weight, m.ff.linear2.bias)
+    copy_norm(out.norm1, m.norm1)
+    copy_norm(out.norm2, m.norm2)
+    return out
+
+
+FROM_TORCH[nn.MultiheadAttention] = _mha_from_torch
+FROM_TORCH[nn.TransformerEncoderLayer] = _encoder_layer_from_torch
+TO_TORCH[MultiHeadAttention] = _mha_to_torch
+TO_TORCH[EncoderLayer] = _encoder_layer_to_torch

@@ -1,0 +1,270 @@
+"""Transformer building blocks: multi-head attention, feed-forward, encoder layer.
+
+Shape letters: ``B`` batch, ``H`` heads, ``L`` length (``L_q``/``L_k``), ``D`` head dim,
+``E`` model dim (``d_model = H * D``). Modules are batch-first: ``(B, L, E)``.
+
+What differs from the seed's version (sections 3-4): options are keyword-only and validated
+when the module is built (``d_model % num_heads``, dropout range, activation name), shapes are
+checked with messages that name them, and one module serves any attention kind
+(``attention=FullAttention()``, local, strided, linear).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from handformer.attention.kinds import AttentionKind, FullAttention
+
+__all__ = ["MultiHeadAttention", "FeedForward", "EncoderLayer", "ACTIVATIONS"]
+
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu,
+    "gelu": F.gelu,  # exact erf form (BERT's "gelu")
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's "gelu_new"
+}
+
+
+def check_positive_int(name: str, value: object) -> int:
+    """Return ``value`` if it is an int >= 1, else raise ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def check_dropout(name: str, value: object) -> float:
+    """Return ``value`` if it is a probability in [0, 1), else raise ``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ValueError(f"{name} must be a probability in [0, 1), got {value!r}")
+    return float(value)
+
+
+def check_attention(attention: object) -> AttentionKind:
+    """Return ``attention`` if it is an :class:`AttentionKind` instance, else raise."""
+    if not isinstance(attention, AttentionKind):
+        raise TypeError(
+            "attention must be an attention kind such as FullAttention(), LocalAttention(w), "
+            f"StridedAttention(s) or LinearAttention(), got {type(attention).__name__}"
+        )
+    return attention
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention: project, split into heads, attend, merge, project.
+
+    Args:
+        d_model: model dim ``E``; must be divisible by ``num_heads``.
+        num_heads: number of heads ``H``; head dim ``D = E // H``.
+        dropout: dropout on the attention weights (training only).
+        bias: add biases to the four projections.
+        kdim: feature dim of ``key`` inputs (default ``d_model``).
+        vdim: feature dim of ``value`` inputs (default ``d_model``).
+        attention: the attention kind (default :class:`FullAttention`).
+
+    Raises:
+        ValueError: for ``num_heads <= 0``, ``d_model % num_heads != 0``, or dropout outside
+            [0, 1).
+        TypeError: if ``attention`` is not an attention kind.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
+                 kdim: int | None = None, vdim: int | None = None,
+                 attention: AttentionKind | None = None) -> None:
+        super().__init__()
+        check_positive_int("d_model", d_model)
+        check_positive_int("num_heads", num_heads)
+        if d_model % num_heads != 0:
+            raise ValueError(
+                f"d_model={d_model} is not divisible by num_heads={num_heads}; "
+                f"pick d_model as a multiple of num_heads"
+            )
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.head_dim = d_model // num_heads
+        self.dropout = check_dropout("dropout", dropout)
+        self.kdim = d_model if kdim is None else check_positive_int("kdim", kdim)
+        self.vdim = d_model if vdim is None else check_positive_int("vdim", vdim)
+        self.attention = check_attention(FullAttention() if attention is None else attention)
+        if self.dropout > 0 and not self.attention.supports_dropout:
+            raise ValueError(
+                f"dropout={dropout}: {type(self.attention).__name__} does not apply dropout to "
+                "its weights; use dropout=0.0"
+            )
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(self.kdim, d_model, bias=bias)
+        self.v_proj = nn.Linear(self.vdim, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        """``(B, L, E)`` -> ``(B, H, L, D)``."""
+        B, L, _ = x.shape
+        return x.view(B, L, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, L, D)
+
+    def merge_heads(self, x: Tensor) -> Tensor:
+        """``(B, H, L, D)`` -> ``(B, L, E)`` (the transpose back the seed warns about)."""
+        B, H, L, D = x.shape
+        return x.transpose(1, 2).reshape(B, L, H * D)  # (B, L, E)
+
+    def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None, *,
+                mask: Tensor | None = None, causal: bool = False,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``query`` to ``key``/``value`` (self-attention when they are omitted).
+
+        Args:
+            query: ``(B, L_q, E)``.
+            key: ``(B, L_k, kdim)``; defaults to ``query``.
+            value: ``(B, L_k, vdim)``; defaults to ``key``.
+            mask: bool (True = may attend) or float bias, broadcastable to
+                ``(B, H, L_q, L_k)``; a padding mask is ``(B, 1, 1, L_k)``.
+            causal: causal masking, aligned bottom-right.
+            need_weights: also return per-head weights ``(B, H, L_q, L_k)``.
+
+        Returns:
+            ``(out, weights)``: ``out`` is ``(B, L_q, E)``; ``weights`` or None.
+
+        Raises:
+            ValueError: for inputs that are not 3-D, wrong feature dims or batch sizes.
+        """
+        key = query if key is None else key
+        value = key if value is None else value
+        self._check_inputs(query, key, value)
+        q = self.split_heads(self.q_proj(query))  # (B, H, L_q, D)
+        k = self.split_heads(self.k_proj(key))  # (B, H, L_k, D)
+        v = self.split_heads(self.v_proj(value))  # (B, H, L_k, D)
+        out, weights = self.attention(
+            q, k, v, causal=causal, mask=mask, need_weights=need_weights,
+            dropout_p=self.dropout if self.training else 0.0,
+        )
+        return self.out_proj(self.merge_heads(out)), weights  # (B, L_q, E)
+
+    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
+        for name, t, dim in (("query", query, self.d_model), ("key", key, self.kdim),
+                             ("value", value, self.vdim)):
+            if t.dim() != 3 or t.shape[-1] != dim:
+                raise ValueError(
+                    f"{name} must be (B, L, {dim}) (batch-first), got shape {tuple(t.shape)}"
+                )
+        if not (query.shape[0] == key.shape[0] == value.shape[0]):
+            raise ValueError(
+                f"query, key and value must share the batch size B: query "
+                f"{tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+            )
+        if key.shape[1] != value.shape[1]:
+            raise ValueError(
+                f"key and value must have the same length L_k: key {tuple(key.shape)}, "
+                f"value {tuple(value.shape)}"
+            )
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, num_heads={self.num_heads}, dropout={self.dropout}"
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward: ``linear2(dropout(activation(linear1(x))))``.
+
+    Args:
+        d_model: model dim ``E``.
+        d_ff: hidden dim.
+        activation: ``"relu"``, ``"gelu"`` (exact erf) or ``"gelu_tanh"``.
+        dropout: dropout after the activation.
+        bias: biases on both linear layers.
+
+    Raises:
+        ValueError: for non-positive dims, an unknown activation or dropout outside [0, 1).
+    """
+
+    def __init__(self, d_model: int, d_ff: int, *, activation: str = "relu",
+                 dropout: float = 0.0, bias: bool = True) -> None:
+        super().__init__()
+        check_positive_int("d_model", d_model)
+        check_positive_int("d_ff", d_ff)
+        if activation not in ACTIVATIONS:
+            raise ValueError(
+                f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}"
+            )
+        self.activation_name = activation
+        self.activation = ACTIVATIONS[activation]
+        self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.dropout = nn.Dropout(check_dropout("dropout", dropout))
+        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(B, L, E)`` -> ``(B, L, E)``."""
+        return self.linear2(self.dropout(self.activation(self.linear1(x))))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention + feed-forward, each with a residual connection and LayerNorm.
+
+    ``norm_first=False`` is the original post-LN layer (the seed's):
+    ``x = norm1(x + drop(attn(x))); x = norm2(x + drop(ff(x)))``. ``norm_first=True`` is
+    pre-LN: ``x = x + drop(attn(norm1(x))); x = x + drop(ff(norm2(x)))``, which trains more
+    stably in deep stacks (and then needs a final norm after the stack).
+
+    Args:
+        d_model: model dim ``E``.
+        num_heads: attention heads.
+        d_ff: feed-forward hidden dim.
+        dropout: dropout on attention weights, after the activation and on both residuals.
+        activation: feed-forward activation (``"relu"``, ``"gelu"``, ``"gelu_tanh"``).
+        norm_first: pre-LN when True, post-LN when False.
+        layer_norm_eps: LayerNorm epsilon.
+        bias: biases in the linear layers and LayerNorms.
+        attention: the attention kind (default full).
+
+    Raises:
+        ValueError / TypeError: as :class:`MultiHeadAttention` and :class:`FeedForward`.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, *, dropout: float = 0.1,
+                 activation: str = "relu", norm_first: bool = False,
+                 layer_norm_eps: float = 1e-5, bias: bool = True,
+                 attention: AttentionKind | None = None) -> None:
+        super().__init__()
+        check_dropout("dropout", dropout)
+        if attention is not None and not check_attention(attention).supports_dropout:
+            attn_dropout = 0.0  # kinds without weight dropout keep the residual dropouts
+        else:
+            attn_dropout = dropout
+        self.d_model = d_model
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=attn_dropout, bias=bias,
+                                            attention=attention)
+        self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
+        self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, *, causal: bool = False) -> Tensor:
+        """``(B, L, E)`` -> ``(B, L, E)``. ``mask`` broadcasts to ``(B, H, L, L)``."""
+        return self.forward_with_weights(x, mask, causal=causal, need_weights=False)[0]
+
+    def forward_with_weights(self, x: Tensor, mask: Tensor | None = None, *,
+                             causal: bool = False, need_weights: bool = True
+                             ) -> tuple[Tensor, Tensor | None]:
+        """Like :meth:`forward`, also returning the per-head weights ``(B, H, L, L)``."""
+        if self.norm_first:
+            attn, weights = self.self_attn(self.norm1(x), mask=mask, causal=causal,
+                                           need_weights=need_weights)
+            x = x + self.dropout1(attn)
+            x = x + self.dropout2(self.ff(self.norm2(x)))
+        else:
+            attn, weights = self.self_attn(x, mask=mask, causal=causal,
+                                           need_weights=need_weights)
+            x = self.norm1(x + self.dropout1(attn))
+            x = self.norm2(x + self.dropout2(self.ff(x)))
+        return x, weights
+
+
+def clones(layer: nn.Module | Callable[[], nn.Module], n: int) -> nn.ModuleList:
+    """``n`` independent layers: deep copies of a module, or ``n`` calls of a factory."""
+    check_positive_int("num_layers", n)
+    if isinstance(layer, nn.Module):
+        return nn.ModuleList(copy.deepcopy(layer) for _ in range(n))
+    if callable(layer):
+        return nn.ModuleList(layer() for _ in range(n))
+    raise TypeError(f"layer must be a module or a factory, got {type(layer).__name__}")

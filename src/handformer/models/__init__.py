@@ -1,0 +1,5 @@
+"""Model stacks built from handformer layers."""
+
+from handformer.models.encoder import Encoder, EncoderOutput
+
+__all__ = ["Encoder", "EncoderOutput"]
