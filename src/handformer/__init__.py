@@ -4,6 +4,7 @@ Readable in an afternoon, exact enough to run real pretrained checkpoints, with 
 attention variants and attention maps you can look at.
 """
 
+from handformer import interop, masks
 from handformer.attention import AttentionKind, FullAttention, scaled_dot_product_attention
 from handformer.layers import EncoderLayer, FeedForward, MultiHeadAttention
 from handformer.models.encoder import Encoder, EncoderOutput
@@ -12,6 +13,8 @@ from handformer.positional import LearnedPositionalEmbedding, SinusoidalPosition
 __version__ = "0.1.0"
 
 __all__ = [
+    "interop",
+    "masks",
     "scaled_dot_product_attention",
     "AttentionKind",
     "FullAttention",
