@@ -1,0 +1,186 @@
+"""Scaled dot-product attention: an explicit math path and torch's fused path.
+
+    Attention(Q, K, V) = softmax(Q K^T * scale + bias) V,   scale = 1 / sqrt(D)
+
+Shape letters: ``L_q`` queries, ``L_k`` keys, ``D`` query/key dim, ``D_v`` value dim; any
+leading batch dims ``...`` (e.g. ``(B, H)``).
+
+What differs from the seed's version (section 2 of the tutorial):
+
+* The seed adds ``mask * -1e9``: with its 1 = keep masks that *blocks the kept keys*, and
+  ``-1e9`` overflows to ``-inf`` in float16. Here masks are booleans (True = may attend),
+  combined once and applied with ``-inf``; a row with no allowed key returns zeros and zero
+  gradients instead of NaN.
+* Softmax runs in float32 for float16/bfloat16 inputs.
+* Without ``need_weights`` (and without dropout) it calls torch's fused kernel.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from handformer.masks import causal_mask, check_mask
+
+__all__ = ["scaled_dot_product_attention", "check_qkv", "combine_masks"]
+
+
+def check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """Validate query/key/value shapes, dtypes and devices.
+
+    Raises:
+        TypeError: if an input is not a floating tensor, or the dtypes differ.
+        ValueError: for a rank below 2, mismatched head dims, batch dims or key/value lengths,
+            an empty key sequence, or inputs on different devices.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating tensor, got dtype {t.dtype}")
+        if t.dim() < 2:
+            raise ValueError(f"{name} must be (..., L, D), got shape {tuple(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(
+            f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}"
+        )
+    if not (q.device == k.device == v.device):
+        raise ValueError(
+            f"q, k and v must be on one device, got q {q.device}, k {k.device}, v {v.device}"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"q and k must have the same head dim D: q {tuple(q.shape)} has D={q.shape[-1]}, "
+            f"k {tuple(k.shape)} has D={k.shape[-1]}"
+        )
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"k and v must have the same length L_k: k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+        raise ValueError(
+            f"q, k and v must have the same batch dims: q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if k.shape[-2] == 0:
+        raise ValueError(f"L_k == 0: k {tuple(k.shape)} has no keys to attend to")
+
+
+def combine_masks(
+    mask: Tensor | None, causal: bool, L_q: int, L_k: int, device: torch.device
+) -> Tensor | None:
+    """Fold ``causal`` into ``mask``; returns None, a bool mask or a float bias.
+
+    A float bias gets ``-inf`` on the causally blocked entries; a bool mask is and-ed.
+    """
+    if not causal:
+        return mask
+    allowed = causal_mask(L_q, L_k, device=device)  # (L_q, L_k)
+    if mask is None:
+        return allowed
+    if mask.dtype == torch.bool:
+        return mask & allowed
+    return mask.masked_fill(~allowed, float("-inf"))
+
+
+def _empty_rows(mask: Tensor) -> Tensor:
+    """True for query rows with no allowed key; shape ``mask.shape[:-1] + (1,)``."""
+    if mask.dtype == torch.bool:
+        return ~mask.any(dim=-1, keepdim=True)
+    return torch.isneginf(mask).all(dim=-1, keepdim=True)
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Scaled dot-product attention with handformer's mask convention.
+
+    Args:
+        q: queries ``(..., L_q, D)``.
+        k: keys ``(..., L_k, D)``.
+        v: values ``(..., L_k, D_v)``.
+        mask: bool (True = may attend) or float (additive bias), broadcastable to
+            ``(..., L_q, L_k)``.
+        causal: block key ``j`` for query ``i`` when ``j > i + L_k - L_q`` (bottom-right).
+        scale: score scale; defaults to ``1 / sqrt(D)``.
+        dropout_p: dropout on the attention weights (pass 0 in eval mode).
+        need_weights: also return the attention weights (before dropout).
+
+    Returns:
+        ``(out, weights)``: ``out`` is ``(..., L_q, D_v)``; ``weights`` is ``(..., L_q, L_k)``
+        when ``need_weights`` else None. Rows with no allowed key are all zero in both.
+
+    Raises:
+        TypeError: for non-tensor or integer inputs, mixed dtypes, or a mask that is neither
+            bool nor floating.
+        ValueError: for mismatched shapes, a mask that does not broadcast, ``L_k == 0``, or
+            ``dropout_p`` outside [0, 1).
+    """
+    check_qkv(q, k, v)
+    L_q, L_k = q.shape[-2], k.shape[-2]
+    score_shape = (*q.shape[:-2], L_q, L_k)
+    if mask is not None:
+        check_mask(mask, score_shape)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+
+    if not need_weights and dropout_p == 0.0:
+        return _fused(q, k, v, mask, causal, scale), None
+    return _math(q, k, v, mask, causal, scale, dropout_p, need_weights)
+
+
+def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
+           scale: float) -> Tensor:
+    """torch's fused kernel, with rows that have no allowed key forced to zero."""
+    L_q, L_k = q.shape[-2], k.shape[-2]
+    if mask is None and causal and L_q == L_k:
+        # Top-left and bottom-right alignment agree for square scores: use the fast flag.
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    combined = combine_masks(mask, causal, L_q, L_k, q.device)
+    if combined is None:
+        return F.scaled_dot_product_attention(q, k, v, scale=scale)
+    empty = _empty_rows(combined)  # (..., L_q, 1)
+    # Let empty rows attend everywhere (finite softmax, no NaN), then zero their output:
+    # the zero incoming gradient makes their gradients zero too.
+    if combined.dtype == torch.bool:
+        safe = combined | empty
+    else:
+        safe = combined.masked_fill(empty, 0.0).to(q.dtype)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=safe, scale=scale)
+    return out.masked_fill(empty, 0.0)
+
+
+def _math(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float,
+          dropout_p: float, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+    """Explicit softmax(q k^T * scale + bias) v, in float32 for half-precision inputs."""
+    L_q, L_k = q.shape[-2], k.shape[-2]
+    compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    scores = torch.matmul(q.to(compute), k.to(compute).transpose(-2, -1)) * scale
+    # scores: (..., L_q, L_k)
+    combined = combine_masks(mask, causal, L_q, L_k, q.device)
+    if combined is None:
+        weights = torch.softmax(scores, dim=-1)
+    elif combined.dtype == torch.bool:
+        empty = _empty_rows(combined)  # (..., L_q, 1)
+        scores = scores.masked_fill(~(combined | empty), float("-inf"))
+        weights = torch.softmax(scores, dim=-1).masked_fill(~combined, 0.0)
+    else:
+        empty = _empty_rows(combined)  # (..., L_q, 1)
+        scores = scores + combined.to(compute).masked_fill(empty, 0.0)
+        weights = torch.softmax(scores, dim=-1).masked_fill(empty, 0.0)
+    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
+    out = torch.matmul(dropped, v.to(compute)).to(v.dtype)  # (..., L_q, D_v)
+    return out, (weights.to(q.dtype) if need_weights else None)

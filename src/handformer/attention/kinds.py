@@ -1,0 +1,60 @@
+"""Attention kinds: small modules that share one call signature.
+
+Every kind is called as::
+
+    kind(q, k, v, *, causal=False, mask=None, need_weights=False, dropout_p=0.0)
+        -> (out, weights | None)
+
+with ``q: (..., L_q, D)``, ``k: (..., L_k, D)``, ``v: (..., L_k, D_v)``. ``MultiHeadAttention``
+and the layers take any of them through ``attention=``. With ``need_weights=True`` every kind
+returns its effective dense ``(..., L_q, L_k)`` matrix: that is what the visualiser draws.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from handformer.attention.functional import scaled_dot_product_attention
+from handformer.masks import causal_mask
+
+__all__ = ["AttentionKind", "FullAttention"]
+
+
+class AttentionKind(nn.Module):
+    """Base class of the attention kinds (no parameters; one call signature).
+
+    Subclasses implement :meth:`forward`. ``supports_dropout`` says whether the kind applies
+    dropout to its attention weights; :meth:`pattern` returns the boolean ``(L_q, L_k)`` pattern
+    of keys each query may reach (None = all keys), for visualisation and tests.
+    """
+
+    supports_dropout: bool = False
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
+                mask: Tensor | None = None, need_weights: bool = False,
+                dropout_p: float = 0.0) -> tuple[Tensor, Tensor | None]:
+        raise NotImplementedError
+
+    def pattern(self, L_q: int, L_k: int, *, causal: bool = False) -> Tensor | None:
+        """Boolean ``(L_q, L_k)`` pattern of allowed keys, or None when every key is allowed."""
+        return None
+
+
+class FullAttention(AttentionKind):
+    """Ordinary (dense) softmax attention: every query may attend every key.
+
+    Cost O(L_q * L_k * D) time; O(L_q * L_k) memory only when weights are asked for
+    (otherwise torch's fused kernel runs).
+    """
+
+    supports_dropout = True
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
+                mask: Tensor | None = None, need_weights: bool = False,
+                dropout_p: float = 0.0) -> tuple[Tensor, Tensor | None]:
+        """See :func:`handformer.scaled_dot_product_attention`."""
+        return scaled_dot_product_attention(q, k, v, mask, causal=causal, dropout_p=dropout_p,
+                                            need_weights=need_weights)
+
+    def pattern(self, L_q: int, L_k: int, *, causal: bool = False) -> Tensor | None:
+        return causal_mask(L_q, L_k) if causal else None
