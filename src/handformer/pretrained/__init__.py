@@ -1,0 +1,30 @@
+"""Pretrained checkpoints on handformer's own layers: BERT-family encoders, a tokenizer,
+sentence embeddings, and the strict safetensors loader they share.
+
+    model, tokenizer = load_bert()                 # bundled all-MiniLM-L6-v2
+    enc = tokenizer(["a sentence", "another one"])
+    out = model(**enc, need_weights=True)          # last_hidden_state, attentions
+    vectors = embed(["a sentence", "another one"])
+"""
+
+from handformer.pretrained.bert import BertConfig, BertModel, BertOutput, bert_key_map
+from handformer.pretrained.checkpoints import bundled_model_dir, load_bert
+from handformer.pretrained.embed import embed
+from handformer.pretrained.loading import CheckpointError, LoadReport, load_safetensors
+from handformer.pretrained.pooling import SentencePooling
+from handformer.pretrained.tokenizer import BertTokenizer
+
+__all__ = [
+    "BertConfig",
+    "BertModel",
+    "BertOutput",
+    "BertTokenizer",
+    "CheckpointError",
+    "LoadReport",
+    "SentencePooling",
+    "bert_key_map",
+    "bundled_model_dir",
+    "embed",
+    "load_bert",
+    "load_safetensors",
+]

@@ -1,0 +1,332 @@
+"""BERT-family encoders built from handformer's own layers.
+
+    embeddings = LayerNorm(word[ids] + position[0..L-1] + token_type[types])
+    hidden     = post-LN EncoderLayer x N   (exact erf GELU, LayerNorm eps from the config)
+    pooler     = tanh(dense(hidden[:, 0]))  (when the checkpoint has one)
+
+Shape letters: ``B`` batch, ``L`` length, ``E`` hidden size, ``H`` heads.
+
+Checkpoint keys follow Hugging Face's ``BertModel`` names (with or without a ``bert.``
+prefix); :func:`bert_key_map` translates them to this module's names.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from handformer.attention.kinds import AttentionKind
+from handformer.layers import EncoderLayer, check_attention, check_dropout, check_positive_int
+from handformer.masks import from_hf_attention_mask
+from handformer.models.encoder import Encoder
+from handformer.pretrained.pooling import SentencePooling
+
+__all__ = ["BertConfig", "BertModel", "BertOutput", "bert_key_map", "HF_ACTIVATIONS"]
+
+# Hugging Face ``hidden_act`` names -> handformer FeedForward activations.
+HF_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh",
+                  "gelu_pytorch_tanh": "gelu_tanh"}
+BERT_FAMILY = ("bert", "roberta", "xlm-roberta", "electra", "camembert")
+
+
+@dataclass
+class BertConfig:
+    """Hyper-parameters of a BERT encoder (the fields of Hugging Face's ``config.json``).
+
+    Attributes:
+        vocab_size, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size:
+            sizes (``hidden_size % num_attention_heads == 0``).
+        hidden_act: ``"gelu"`` (exact erf), ``"gelu_new"``/``"gelu_pytorch_tanh"`` or
+            ``"relu"``.
+        max_position_embeddings: rows of the position table: the longest input.
+        type_vocab_size: number of token types (segments).
+        layer_norm_eps: LayerNorm epsilon.
+        hidden_dropout_prob, attention_probs_dropout_prob: dropout (training only).
+        pad_token_id: id of ``[PAD]``.
+    """
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    pad_token_id: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+            check_positive_int(name, getattr(self, name))
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"hidden_size={self.hidden_size} is not divisible by "
+                             f"num_attention_heads={self.num_attention_heads}")
+        if self.hidden_act not in HF_ACTIVATIONS:
+            raise ValueError(f"hidden_act must be one of {sorted(HF_ACTIVATIONS)}, "
+                             f"got {self.hidden_act!r}")
+        if not self.layer_norm_eps > 0:
+            raise ValueError(f"layer_norm_eps must be > 0, got {self.layer_norm_eps}")
+        check_dropout("hidden_dropout_prob", self.hidden_dropout_prob)
+        check_dropout("attention_probs_dropout_prob", self.attention_probs_dropout_prob)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BertConfig:
+        """Build from a Hugging Face ``config.json`` dict; unknown keys are ignored.
+
+        Raises:
+            ValueError: for a model type outside the BERT family, options handformer does not
+                implement (relative positions, decoder / cross-attention), or invalid sizes.
+        """
+        model_type = d.get("model_type", "bert")
+        if model_type not in BERT_FAMILY:
+            raise ValueError(f"config.json has model_type={model_type!r}; load_bert reads "
+                             f"BERT-family encoders ({', '.join(BERT_FAMILY)})")
+        if model_type != "bert":
+            raise ValueError(f"model_type={model_type!r} uses a different position scheme "
+                             "than BERT and is not supported yet; use a 'bert' checkpoint")
+        position = d.get("position_embedding_type", "absolute")
+        if position != "absolute":
+            raise ValueError(f"position_embedding_type={position!r} is not supported; "
+                             "only 'absolute' positions are implemented")
+        if d.get("is_decoder") or d.get("add_cross_attention"):
+            raise ValueError("config.json describes a decoder (is_decoder / "
+                             "add_cross_attention); load_bert loads encoders only")
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as a ``config.json``-style dict."""
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {"model_type": "bert"}
+
+
+@dataclass
+class BertOutput:
+    """What :class:`BertModel` returns.
+
+    Attributes:
+        last_hidden_state: ``(B, L, E)``.
+        pooler_output: ``(B, E)`` when the model has a pooler, else None.
+        attentions: one ``(B, H, L, L)`` tensor per layer when ``need_weights=True``.
+    """
+
+    last_hidden_state: Tensor
+    pooler_output: Tensor | None = None
+    attentions: tuple[Tensor, ...] | None = None
+
+
+class BertEmbeddings(nn.Module):
+    """``LayerNorm(word + position + token_type)`` followed by dropout."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        E = config.hidden_size
+        self.word_embeddings = nn.Embedding(config.vocab_size, E,
+                                            padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, E)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, E)
+        self.norm = nn.LayerNorm(E, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
+        """``(B, L)`` ids and types -> ``(B, L, E)``."""
+        L = input_ids.shape[1]
+        positions = torch.arange(L, device=input_ids.device)  # (L,)
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        x = x + self.position_embeddings(positions)  # (B, L, E) + (L, E)
+        return self.dropout(self.norm(x))
+
+
+class BertPooler(nn.Module):
+    """``tanh(dense(hidden[:, 0]))``: the ``[CLS]`` vector through a dense layer."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        """``(B, L, E)`` -> ``(B, E)``."""
+        return torch.tanh(self.dense(hidden[:, 0]))
+
+
+AttentionSpec = AttentionKind | Callable[[], AttentionKind] | None
+
+
+class BertModel(nn.Module):
+    """A BERT encoder on handformer's :class:`EncoderLayer` (post-LN, GELU).
+
+    Args:
+        config: the :class:`BertConfig`.
+        add_pooling_layer: build the ``[CLS]`` pooler (checkpoints without one load with
+            ``False``).
+        attention: the attention kind of every layer: an :class:`AttentionKind` (copied into
+            each layer) or a zero-argument factory; default full attention. Swapping it (e.g.
+            ``LocalAttention(window)``) keeps the same weights and checkpoint keys.
+        sentence_pooling: how :func:`handformer.pretrained.embed` turns token vectors into a
+            sentence vector (read from a sentence-transformers folder); None = mean pooling.
+
+    Attributes:
+        config: the :class:`BertConfig`.
+        max_positions: the longest input the position table allows.
+        sentence_pooling: the :class:`SentencePooling` or None.
+
+    Raises:
+        TypeError: if ``config`` is not a :class:`BertConfig` or ``attention`` is not a kind.
+    """
+
+    def __init__(self, config: BertConfig, *, add_pooling_layer: bool = True,
+                 attention: AttentionSpec = None,
+                 sentence_pooling: SentencePooling | None = None) -> None:
+        super().__init__()
+        if not isinstance(config, BertConfig):
+            raise TypeError(f"config must be a BertConfig, got {type(config).__name__}")
+        if sentence_pooling is not None and not isinstance(sentence_pooling, SentencePooling):
+            raise TypeError("sentence_pooling must be a SentencePooling or None, got "
+                            f"{type(sentence_pooling).__name__}")
+        self.config = config
+        self.sentence_pooling = sentence_pooling
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = Encoder(lambda: self._build_layer(attention), config.num_hidden_layers)
+        self.pooler = BertPooler(config) if add_pooling_layer else None
+
+    def _build_layer(self, attention: AttentionSpec) -> EncoderLayer:
+        """The one place layers are made: every layer gets its own attention kind."""
+        c = self.config
+        if attention is None:
+            kind = None
+        elif isinstance(attention, AttentionKind):
+            kind = copy.deepcopy(attention)
+        elif callable(attention):
+            kind = check_attention(attention())
+        else:
+            kind = check_attention(attention)
+        layer = EncoderLayer(c.hidden_size, c.num_attention_heads, c.intermediate_size,
+                             dropout=c.hidden_dropout_prob,
+                             activation=HF_ACTIVATIONS[c.hidden_act], norm_first=False,
+                             layer_norm_eps=c.layer_norm_eps, attention=kind)
+        if layer.self_attn.attention.supports_dropout:
+            layer.self_attn.dropout = c.attention_probs_dropout_prob
+        return layer
+
+    @property
+    def max_positions(self) -> int:
+        """The longest input (in tokens) the position table allows."""
+        return self.config.max_position_embeddings
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                token_type_ids: Tensor | None = None, *,
+                need_weights: bool = False) -> BertOutput:
+        """Encode a batch of token ids.
+
+        Args:
+            input_ids: ``(B, L)`` integer ids, ``L <= max_positions``.
+            attention_mask: ``(B, L)`` with 1 / True for real tokens and 0 for padding
+                (the tokenizer's output); default all real.
+            token_type_ids: ``(B, L)`` segment ids; default all 0.
+            need_weights: also return every layer's attention weights.
+
+        Returns:
+            :class:`BertOutput`.
+
+        Raises:
+            TypeError: for non-integer ids.
+            ValueError: for shapes that differ, inputs longer than ``max_positions`` or ids
+                outside the vocabulary / type table.
+        """
+        self._check_ids("input_ids", input_ids, self.config.vocab_size)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        else:
+            self._check_ids("token_type_ids", token_type_ids, self.config.type_vocab_size,
+                            like=input_ids)
+        mask = None
+        if attention_mask is not None:
+            if tuple(attention_mask.shape) != tuple(input_ids.shape):
+                raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, "
+                                 f"input_ids {tuple(input_ids.shape)}; they must match")
+            if not bool(attention_mask.all()):  # no padding: no mask, fastest kernel
+                mask = from_hf_attention_mask(attention_mask)  # (B, 1, 1, L)
+        x = self.embeddings(input_ids, token_type_ids)  # (B, L, E)
+        out = self.encoder(x, mask, need_weights=need_weights)
+        hidden = out.last_hidden_state
+        pooled = self.pooler(hidden) if self.pooler is not None else None
+        return BertOutput(hidden, pooled, out.attentions)
+
+    def _check_ids(self, name: str, ids: Tensor, limit: int, *, like: Tensor | None = None
+                   ) -> None:
+        if not isinstance(ids, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(ids).__name__}")
+        if ids.is_floating_point() or ids.dtype == torch.bool or ids.is_complex():
+            raise TypeError(f"{name} must be an integer tensor, got dtype {ids.dtype}")
+        if like is not None and tuple(ids.shape) != tuple(like.shape):
+            raise ValueError(f"{name} has shape {tuple(ids.shape)}, input_ids "
+                             f"{tuple(like.shape)}; they must match")
+        if ids.dim() != 2:
+            raise ValueError(f"{name} must be (B, L), got shape {tuple(ids.shape)}; "
+                             "add a batch dim with ids.unsqueeze(0)")
+        if ids.shape[1] > self.max_positions:
+            raise ValueError(f"input of {ids.shape[1]} tokens is longer than the model's "
+                             f"{self.max_positions} positions; truncate it (the tokenizer "
+                             "does with truncation=True)")
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= limit):
+            raise ValueError(f"{name} must lie in [0, {limit}), found values in "
+                             f"[{int(ids.min())}, {int(ids.max())}]")
+
+
+_LAYER_NAMES = {
+    "attention.self.query": "self_attn.q_proj",
+    "attention.self.key": "self_attn.k_proj",
+    "attention.self.value": "self_attn.v_proj",
+    "attention.output.dense": "self_attn.out_proj",
+    "attention.output.LayerNorm": "norm1",
+    "intermediate.dense": "ff.linear1",
+    "output.dense": "ff.linear2",
+    "output.LayerNorm": "norm2",
+}
+_LAYER_KEY = re.compile(r"encoder\.layer\.(\d+)\.(.+)\.(weight|bias|gamma|beta)")
+_TASK_HEADS = ("cls.", "classifier.", "qa_outputs.")
+
+
+def bert_key_map(prefixed: bool) -> Callable[[str], str | None]:
+    """Hugging Face BERT checkpoint key -> :class:`BertModel` key (None = skipped).
+
+    Args:
+        prefixed: the checkpoint comes from a task model (``BertForMaskedLM`` ...), whose
+            encoder keys start with ``bert.``; its task heads (``cls.``, ``classifier.``,
+            ``qa_outputs.``) are skipped.
+
+    Returns:
+        The key map for :func:`handformer.pretrained.loading.load_safetensors`. Keys it does
+        not know are returned unchanged (and then reported as unexpected).
+    """
+
+    def key_map(key: str) -> str | None:
+        if prefixed:
+            if key.startswith(_TASK_HEADS):
+                return None
+            if not key.startswith("bert."):
+                return key
+            key = key[len("bert."):]
+        if key in ("embeddings.position_ids", "embeddings.token_type_ids"):
+            return None  # constant index buffers, rebuilt by the model
+        leaf = key.rsplit(".", 1)[-1]
+        if leaf in ("gamma", "beta"):  # old LayerNorm names
+            key = key[: -len(leaf)] + ("weight" if leaf == "gamma" else "bias")
+        if key.startswith("embeddings.LayerNorm."):
+            return "embeddings.norm." + key.rsplit(".", 1)[1]
+        m = _LAYER_KEY.fullmatch(key)
+        if m and m.group(2) in _LAYER_NAMES:
+            i, part, leaf = m.groups()
+            return f"encoder.layers.{i}.{_LAYER_NAMES[part]}.{leaf}"
+        return key
+
+    return key_map

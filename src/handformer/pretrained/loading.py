@@ -1,0 +1,263 @@
+"""Strict, all-or-nothing safetensors loading into an existing module.
+
+One function, :func:`load_safetensors`, shared by every checkpoint loader (BERT, GPT-2, ...).
+A loader supplies a *key map*: a function from a checkpoint key to the model's state-dict key
+(or ``None`` for a key it deliberately skips, such as a task head). Then:
+
+1. the path is checked: pickle checkpoints (``.bin``, ``.pt``, ...) are refused, never opened;
+2. the safetensors header is validated (a truncated or corrupt file raises here);
+3. every key is checked: missing, unexpected, duplicated and mis-shaped keys are collected and
+   reported together in one :class:`CheckpointError`;
+4. every tensor is read into fresh memory with plain file reads (no memory map, so the peak
+   memory is about one copy of the weights);
+5. only then are the parameters replaced or copied. A failure in steps 1-4 leaves the model
+   exactly as it was.
+
+Tied parameters (one tensor under two names, e.g. GPT-2's ``lm_head.weight`` and
+``wte.weight``) count as one entry: the checkpoint must hold it under one of the names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from torch import Tensor, nn
+
+__all__ = ["CheckpointError", "LoadReport", "load_safetensors", "read_safetensors_header",
+           "PICKLE_SUFFIXES"]
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}
+
+KeyMap = Callable[[str], "str | None"] | Mapping[str, "str | None"]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded: wrong format, corrupt, or not matching the model."""
+
+
+@dataclass
+class LoadReport:
+    """What :func:`load_safetensors` did.
+
+    Attributes:
+        loaded: ``(checkpoint key, model key)`` pairs that were loaded.
+        skipped: checkpoint keys the key map deliberately skipped (mapped to None).
+    """
+
+    loaded: list[tuple[str, str]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def check_not_pickle(path: Path) -> None:
+    """Refuse pickle-based checkpoints by suffix, before anything opens them.
+
+    Raises:
+        CheckpointError: if ``path`` ends in a pickle suffix such as ``.bin`` or ``.pt``.
+    """
+    if path.suffix.lower() in PICKLE_SUFFIXES:
+        raise CheckpointError(
+            f"{path.name}: refusing to load a pickle checkpoint ({path.suffix}); pickle files "
+            "can run arbitrary code and handformer never unpickles them. Convert it to "
+            "safetensors (model.safetensors) with the library that wrote it, e.g. "
+            "save_pretrained(..., safe_serialization=True)"
+        )
+
+
+def read_safetensors_header(path: str | os.PathLike) -> tuple[dict[str, dict], int]:
+    """Validate a safetensors file and return its tensor table and data offset.
+
+    The file is first opened with the ``safetensors`` library, which checks the header and
+    that the data section covers every tensor (a truncated file fails here); the header is then
+    read to get each tensor's byte range.
+
+    Args:
+        path: a ``.safetensors`` file.
+
+    Returns:
+        ``(tensors, data_start)``: ``tensors`` maps each key to ``{"dtype", "shape",
+        "data_offsets"}``; byte offsets are relative to ``data_start``.
+
+    Raises:
+        FileNotFoundError: if the file does not exist.
+        CheckpointError: for pickle suffixes, and for truncated or corrupt files.
+    """
+    path = Path(path)
+    check_not_pickle(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no safetensors file at {path}")
+    try:
+        with safe_open(str(path), framework="pt"):
+            pass
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+    except (SafetensorError, ValueError, struct.error) as exc:
+        size = path.stat().st_size
+        raise CheckpointError(
+            f"{path}: not a readable safetensors file ({size} bytes); it is truncated or "
+            f"corrupt ({exc}). Download or save it again"
+        ) from exc
+    header.pop("__metadata__", None)
+    return header, 8 + n
+
+
+def _resolve(key_map: KeyMap | None, key: str) -> str | None:
+    if key_map is None:
+        return key
+    if isinstance(key_map, Mapping):
+        return key_map.get(key, key)
+    return key_map(key)
+
+
+def _model_entries(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, list[str]]]:
+    """State entries by name, and each name's group of aliases (tied tensors)."""
+    state = model.state_dict(keep_vars=True)
+    groups: dict[int, list[str]] = {}
+    for name, t in state.items():
+        groups.setdefault(id(t), []).append(name)
+    aliases = {name: groups[id(t)] for name, t in state.items()}
+    return state, aliases
+
+
+def _fmt_shape(shape: object) -> str:
+    return str(tuple(shape))  # type: ignore[arg-type]
+
+
+def _plan(model: nn.Module, header: dict[str, dict], key_map: KeyMap | None,
+          path: Path) -> tuple[list[tuple[str, str]], list[str]]:
+    """Match checkpoint keys to model keys; raise one error listing every problem."""
+    state, aliases = _model_entries(model)
+    plan: list[tuple[str, str]] = []
+    skipped: list[str] = []
+    covered: dict[str, str] = {}  # first alias of a group -> checkpoint key
+    unexpected, mis_shaped, bad_dtype, duplicated = [], [], [], []
+    for ckpt_key in sorted(header):
+        info = header[ckpt_key]
+        target = _resolve(key_map, ckpt_key)
+        if target is None:
+            skipped.append(ckpt_key)
+            continue
+        if target not in state:
+            unexpected.append(f"{ckpt_key} {_fmt_shape(info['shape'])}"
+                              + (f" (mapped to {target})" if target != ckpt_key else ""))
+            continue
+        group = aliases[target][0]
+        if group in covered:
+            duplicated.append(f"{ckpt_key} and {covered[group]} both load {target}")
+            continue
+        covered[group] = ckpt_key
+        expected = state[target]
+        if tuple(info["shape"]) != tuple(expected.shape):
+            mis_shaped.append(f"{ckpt_key}: model {target} expects "
+                              f"{_fmt_shape(expected.shape)}, found {_fmt_shape(info['shape'])}")
+            continue
+        dtype = DTYPES.get(info["dtype"])
+        if dtype is None or dtype.is_floating_point != expected.dtype.is_floating_point:
+            bad_dtype.append(f"{ckpt_key}: dtype {info['dtype']} cannot load into {target} "
+                             f"({expected.dtype})")
+            continue
+        plan.append((ckpt_key, target))
+    missing = [f"{names[0]} {_fmt_shape(state[names[0]].shape)}"
+               for names in {tuple(v) for v in aliases.values()} if names[0] not in covered]
+    problems = []
+    for title, items in (("missing keys (in the model, not in the file)", sorted(missing)),
+                         ("unexpected keys (in the file, not in the model)", unexpected),
+                         ("mis-shaped keys", mis_shaped), ("unsupported dtypes", bad_dtype),
+                         ("duplicated keys", duplicated)):
+        if items:
+            problems.append(f"{len(items)} {title}:\n  " + "\n  ".join(items))
+    if problems:
+        raise CheckpointError(
+            f"{path}: the checkpoint does not match {type(model).__name__}; nothing was "
+            "loaded.\n" + "\n".join(problems)
+        )
+    return plan, skipped
+
+
+def _read_tensors(path: Path, header: dict[str, dict], data_start: int,
+                  keys: list[str]) -> dict[str, Tensor]:
+    """Read ``keys`` into fresh CPU tensors with ordinary file reads (no memory map)."""
+    out: dict[str, Tensor] = {}
+    with open(path, "rb") as f:
+        for key in sorted(keys, key=lambda k: header[k]["data_offsets"][0]):
+            info = header[key]
+            begin, end = info["data_offsets"]
+            t = torch.empty(info["shape"], dtype=DTYPES[info["dtype"]])
+            buf = t.view(-1).view(torch.uint8).numpy() if t.numel() else None
+            f.seek(data_start + begin)
+            if buf is not None and f.readinto(memoryview(buf)) != end - begin:
+                raise CheckpointError(f"{path}: file ended while reading {key}; it is "
+                                      "truncated (or changed while loading). Nothing was loaded")
+            out[key] = t
+    return out
+
+
+def load_safetensors(model: nn.Module, path: str | os.PathLike,
+                     key_map: KeyMap | None = None, *, assign: bool = False) -> LoadReport:
+    """Load a safetensors checkpoint into ``model``, strictly and all-or-nothing.
+
+    Args:
+        model: the module to load into. Every parameter and persistent buffer must be
+            provided by the file (tied tensors once).
+        path: a ``.safetensors`` file. Pickle checkpoints are refused.
+        key_map: checkpoint key -> model state-dict key, as a function or a mapping (keys
+            absent from a mapping keep their name); ``None`` as the result skips the key on
+            purpose (e.g. a task head or a constant buffer). Default: names unchanged.
+        assign: replace the parameters by the loaded tensors (cast to each parameter's dtype
+            and device) instead of copying into them. Use it for models built on the
+            ``meta`` device: no memory is spent on throw-away initial weights.
+
+    Returns:
+        A :class:`LoadReport` of loaded and skipped keys.
+
+    Raises:
+        FileNotFoundError: if ``path`` does not exist.
+        CheckpointError: for pickle files, truncated or corrupt files, and for missing,
+            unexpected, duplicated, mis-shaped or wrongly typed keys (all listed in one
+            message). On any error the model is left unchanged.
+    """
+    path = Path(path)
+    header, data_start = read_safetensors_header(path)
+    plan, skipped = _plan(model, header, key_map, path)
+    tensors = _read_tensors(path, header, data_start, [k for k, _ in plan])
+    _, aliases = _model_entries(model)
+    with torch.no_grad():
+        for ckpt_key, target in plan:
+            _install(model, aliases[target], tensors.pop(ckpt_key), assign=assign)
+    return LoadReport(loaded=plan, skipped=skipped)
+
+
+def _install(model: nn.Module, names: list[str], value: Tensor, *, assign: bool) -> None:
+    """Copy ``value`` into the tensor called ``names[0]``, or assign it under every alias."""
+    owner, _, leaf = names[0].rpartition(".")
+    module = model.get_submodule(owner)
+    current = module._parameters.get(leaf)
+    is_param = current is not None
+    if current is None:
+        current = module._buffers[leaf]
+    device = current.device if current.device.type != "meta" else torch.device("cpu")
+    value = value.to(device=device, dtype=current.dtype)
+    if not assign:
+        current.copy_(value)
+        return
+    new: Tensor = nn.Parameter(value, requires_grad=current.requires_grad) if is_param else value
+    for name in names:
+        owner, _, leaf = name.rpartition(".")
+        module = model.get_submodule(owner)
+        if is_param:
+            module._parameters[leaf] = new  # type: ignore[assignment]
+        else:
+            module._buffers[leaf] = new

@@ -1,0 +1,222 @@
+"""A WordPiece tokenizer for BERT-family checkpoints, on the ``tokenizers`` library.
+
+It turns text (or pairs of texts) into the padded tensors a :class:`BertModel` takes::
+
+    enc = tokenizer(["a sentence", "another, longer sentence"])
+    enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]   # each (B, L)
+
+Shape letters: ``B`` batch, ``L`` length (the longest text in the batch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from tokenizers import Encoding, Tokenizer
+from tokenizers.implementations import BertWordPieceTokenizer
+from torch import Tensor
+
+__all__ = ["BertTokenizer"]
+
+TextInput = str | Sequence[str] | Sequence[tuple[str, str]]
+
+
+class BertTokenizer:
+    """Text -> padded ``input_ids`` / ``attention_mask`` / ``token_type_ids`` tensors.
+
+    Args:
+        tokenizer: a ``tokenizers.Tokenizer`` that adds ``[CLS]``/``[SEP]`` (its own padding
+            and truncation settings are switched off; this class does both).
+        max_length: the longest encoding allowed (the model's position table).
+        pad_id: id of the padding token (default: the id of ``[PAD]``, else 0).
+
+    Raises:
+        ValueError: for ``max_length < 2``.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, *, max_length: int = 512,
+                 pad_id: int | None = None) -> None:
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
+            raise ValueError(f"max_length must be an integer >= 2, got {max_length!r}")
+        self._tokenizer = tokenizer
+        self._tokenizer.no_padding()
+        self._tokenizer.no_truncation()
+        self._json = tokenizer.to_str()
+        self._truncating: dict[int, Tokenizer] = {}
+        self.max_length = max_length
+        if pad_id is None:
+            pad_id = tokenizer.token_to_id("[PAD]") or 0
+        self.pad_id = pad_id
+
+    @classmethod
+    def from_dir(cls, path: str | os.PathLike, *, max_length: int | None = None
+                 ) -> BertTokenizer:
+        """Load ``tokenizer.json`` (preferred) or ``vocab.txt`` from a checkpoint folder.
+
+        ``max_length`` defaults to the smallest of ``config.json``'s
+        ``max_position_embeddings`` and ``tokenizer_config.json``'s ``model_max_length``
+        (512 when neither is there). ``vocab.txt`` is lower-cased unless
+        ``tokenizer_config.json`` says ``"do_lower_case": false``.
+
+        Raises:
+            FileNotFoundError: if the folder has neither file.
+        """
+        path = Path(path)
+        config = _read_json(path / "config.json")
+        tok_config = _read_json(path / "tokenizer_config.json")
+        if max_length is None:
+            limits = [v for v in (config.get("max_position_embeddings"),
+                                  tok_config.get("model_max_length"))
+                      if isinstance(v, int) and 2 <= v <= 1_000_000]
+            max_length = min(limits) if limits else 512
+        if (path / "tokenizer.json").is_file():
+            tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+        elif (path / "vocab.txt").is_file():
+            lowercase = bool(tok_config.get("do_lower_case", True))
+            tokenizer = BertWordPieceTokenizer(str(path / "vocab.txt"),
+                                               lowercase=lowercase)._tokenizer
+        else:
+            raise FileNotFoundError(f"{path} has no tokenizer: expected tokenizer.json or "
+                                    "vocab.txt")
+        return cls(tokenizer, max_length=max_length)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of tokens in the vocabulary."""
+        return self._tokenizer.get_vocab_size()
+
+    def tokens(self, text: str, text_pair: str | None = None) -> list[str]:
+        """The token strings of one text (with ``[CLS]``/``[SEP]``), e.g. heat-map labels.
+
+        Truncated like :meth:`__call__` with ``truncation=True``.
+        """
+        return self.encode([text] if text_pair is None else [(text, text_pair)])[0].tokens
+
+    def __call__(self, texts: TextInput, text_pairs: Sequence[str] | str | None = None, *,
+                 max_length: int | None = None, truncation: bool = True) -> dict[str, Tensor]:
+        """Tokenize and pad a batch.
+
+        Args:
+            texts: one text, a list of texts, or a list of ``(text, text_pair)`` tuples.
+            text_pairs: second segments (token type 1), one per text; alternative to tuples.
+            max_length: longest encoding, at most the model's limit (default the limit).
+            truncation: cut longer encodings (with a warning); when False they raise.
+
+        Returns:
+            ``{"input_ids", "attention_mask", "token_type_ids"}``, each ``(B, L)`` int64;
+            ``attention_mask`` is 1 for real tokens and 0 for padding.
+
+        Raises:
+            TypeError: for inputs that are not strings.
+            ValueError: for an empty batch or empty text, ``max_length`` above the limit, or
+                a text longer than the limit when ``truncation=False``.
+        """
+        return self.pad(self.encode(texts, text_pairs, max_length=max_length,
+                                    truncation=truncation))
+
+    def encode(self, texts: TextInput, text_pairs: Sequence[str] | str | None = None, *,
+               max_length: int | None = None, truncation: bool = True) -> list[Encoding]:
+        """Like :meth:`__call__` but returns unpadded ``tokenizers.Encoding`` objects."""
+        limit = self._limit(max_length)
+        batch = _as_batch(texts, text_pairs)
+        encodings = self._tokenizer.encode_batch(batch)
+        long = [i for i, e in enumerate(encodings) if len(e.ids) > limit]
+        if long:
+            worst = max(len(encodings[i].ids) for i in long)
+            if not truncation:
+                raise ValueError(
+                    f"text {long[0]} has {len(encodings[long[0]].ids)} tokens, more than the "
+                    f"limit of {limit}; shorten it or pass truncation=True"
+                    + (f" ({len(long)} texts are too long, the longest {worst} tokens)"
+                       if len(long) > 1 else ""))
+            warnings.warn(f"{len(long)} text(s) longer than {limit} tokens (the longest "
+                          f"{worst}) were truncated to {limit}", stacklevel=3)
+            cut = self._truncating_tokenizer(limit).encode_batch([batch[i] for i in long])
+            for i, e in zip(long, cut, strict=True):
+                encodings[i] = e
+        return encodings
+
+    def pad(self, encodings: Sequence[Encoding]) -> dict[str, Tensor]:
+        """Pad encodings to the longest one: ``(B, L)`` int64 tensors."""
+        if not encodings:
+            raise ValueError("nothing to pad: encodings is empty")
+        L = max(len(e.ids) for e in encodings)
+        input_ids = torch.tensor([e.ids + [self.pad_id] * (L - len(e.ids))
+                                  for e in encodings], dtype=torch.long)  # (B, L)
+        attention_mask = torch.tensor([[1] * len(e.ids) + [0] * (L - len(e.ids))
+                                       for e in encodings], dtype=torch.long)  # (B, L)
+        token_type_ids = torch.tensor([e.type_ids + [0] * (L - len(e.ids))
+                                       for e in encodings], dtype=torch.long)  # (B, L)
+        return {"input_ids": input_ids, "attention_mask": attention_mask,
+                "token_type_ids": token_type_ids}
+
+    def _limit(self, max_length: int | None) -> int:
+        if max_length is None:
+            return self.max_length
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
+            raise ValueError(f"max_length must be an integer >= 2, got {max_length!r}")
+        if max_length > self.max_length:
+            raise ValueError(f"max_length={max_length} is above the model's limit of "
+                             f"{self.max_length} tokens")
+        return max_length
+
+    def _truncating_tokenizer(self, limit: int) -> Tokenizer:
+        if limit not in self._truncating:
+            tokenizer = Tokenizer.from_str(self._json)
+            tokenizer.enable_truncation(limit)
+            self._truncating[limit] = tokenizer
+        return self._truncating[limit]
+
+    def __repr__(self) -> str:
+        return f"BertTokenizer(vocab_size={self.vocab_size}, max_length={self.max_length})"
+
+
+def _check_text(text: object, where: str) -> str:
+    if not isinstance(text, str):
+        raise TypeError(f"{where} must be a string, got {type(text).__name__}: {text!r:.60}")
+    if not text.strip():
+        raise ValueError(f"{where} is empty; give it some text to tokenize")
+    return text
+
+
+def _as_batch(texts: TextInput, text_pairs: Sequence[str] | str | None
+              ) -> list[str | tuple[str, str]]:
+    """Normalize the accepted input forms to a list of texts or ``(text, pair)`` tuples."""
+    if isinstance(texts, str):
+        texts = [texts]
+    if isinstance(text_pairs, str):
+        text_pairs = [text_pairs]
+    if not isinstance(texts, Sequence):
+        raise TypeError(f"texts must be a string or a list of strings, got "
+                        f"{type(texts).__name__}")
+    if len(texts) == 0:
+        raise ValueError("texts is an empty list; give at least one text")
+    batch: list[str | tuple[str, str]] = []
+    if text_pairs is not None:
+        if len(text_pairs) != len(texts):
+            raise ValueError(f"got {len(texts)} texts but {len(text_pairs)} text_pairs; "
+                             "give one pair per text")
+        for i, (a, b) in enumerate(zip(texts, text_pairs, strict=True)):
+            batch.append((_check_text(a, f"text {i}"), _check_text(b, f"text_pair {i}")))
+        return batch
+    for i, t in enumerate(texts):
+        if isinstance(t, tuple):
+            if len(t) != 2:
+                raise ValueError(f"text {i} is a tuple of {len(t)}; a pair is (text, text_pair)")
+            batch.append((_check_text(t[0], f"text {i}[0]"), _check_text(t[1], f"text {i}[1]")))
+        else:
+            batch.append(_check_text(t, f"text {i}"))
+    return batch
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    return data if isinstance(data, dict) else {}
