@@ -9,6 +9,9 @@ from handformer.attention import AttentionKind, FullAttention, scaled_dot_produc
 from handformer.layers import EncoderLayer, FeedForward, MultiHeadAttention
 from handformer.models.encoder import Encoder, EncoderOutput
 from handformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from handformer.decoder_layer import DecoderLayer
+from handformer.models.causal_lm import CausalLM, CausalLMConfig, CausalLMOutput
+from handformer.positional_rotary import ALiBi, RotaryEmbedding
 
 __version__ = "0.1.0"
 
@@ -25,4 +28,10 @@ __all__ = [
     "EncoderOutput",
     "SinusoidalPositionalEncoding",
     "LearnedPositionalEmbedding",
+    "DecoderLayer",
+    "CausalLM",
+    "CausalLMConfig",
+    "CausalLMOutput",
+    "RotaryEmbedding",
+    "ALiBi",
 ]

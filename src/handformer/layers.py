@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handformer.attention.kinds import AttentionKind, FullAttention
+
+if TYPE_CHECKING:
+    from handformer.attention.cache import LayerCache
 
 __all__ = ["MultiHeadAttention", "FeedForward", "EncoderLayer", "ACTIVATIONS"]
 
@@ -63,6 +67,9 @@ class MultiHeadAttention(nn.Module):
         kdim: feature dim of ``key`` inputs (default ``d_model``).
         vdim: feature dim of ``value`` inputs (default ``d_model``).
         attention: the attention kind (default :class:`FullAttention`).
+        rotary: optional rotary position embedding applied to ``q`` and ``k`` after the
+            head split (``handformer.RotaryEmbedding(head_dim)``), called as
+            ``rotary(q, k, positions)``.
 
     Raises:
         ValueError: for ``num_heads <= 0``, ``d_model % num_heads != 0``, or dropout outside
@@ -72,7 +79,8 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
                  kdim: int | None = None, vdim: int | None = None,
-                 attention: AttentionKind | None = None) -> None:
+                 attention: AttentionKind | None = None,
+                 rotary: nn.Module | None = None) -> None:
         super().__init__()
         check_positive_int("d_model", d_model)
         check_positive_int("num_heads", num_heads)
@@ -97,6 +105,7 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(self.kdim, d_model, bias=bias)
         self.v_proj = nn.Linear(self.vdim, d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.rotary = rotary
 
     def split_heads(self, x: Tensor) -> Tensor:
         """``(B, L, E)`` -> ``(B, H, L, D)``."""
@@ -110,7 +119,8 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None, *,
                 mask: Tensor | None = None, causal: bool = False,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+                need_weights: bool = False, cache: LayerCache | None = None,
+                positions: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """Attend from ``query`` to ``key``/``value`` (self-attention when they are omitted).
 
         Args:
@@ -121,9 +131,16 @@ class MultiHeadAttention(nn.Module):
                 ``(B, H, L_q, L_k)``; a padding mask is ``(B, 1, 1, L_k)``.
             causal: causal masking, aligned bottom-right.
             need_weights: also return per-head weights ``(B, H, L_q, L_k)``.
+            cache: incremental-decoding state of this layer
+                (:mod:`handformer.attention.cache`): the new keys/values are added to it and
+                the queries attend to everything it holds. ``mask`` is then a key mask for
+                the *new* keys only, ``(B, 1, 1, L_q)`` or None.
+            positions: ``(B, L_q)`` or ``(L_q,)`` token positions for ``rotary``
+                (default ``0 .. L_q - 1``, shifted by the cache length).
 
         Returns:
-            ``(out, weights)``: ``out`` is ``(B, L_q, E)``; ``weights`` or None.
+            ``(out, weights)``: ``out`` is ``(B, L_q, E)``; ``weights`` or None (with a cache,
+            over the keys the cache holds).
 
         Raises:
             ValueError: for inputs that are not 3-D, wrong feature dims or batch sizes.
@@ -134,10 +151,15 @@ class MultiHeadAttention(nn.Module):
         q = self.split_heads(self.q_proj(query))  # (B, H, L_q, D)
         k = self.split_heads(self.k_proj(key))  # (B, H, L_k, D)
         v = self.split_heads(self.v_proj(value))  # (B, H, L_k, D)
-        out, weights = self.attention(
-            q, k, v, causal=causal, mask=mask, need_weights=need_weights,
-            dropout_p=self.dropout if self.training else 0.0,
-        )
+        if self.rotary is not None:
+            q, k = self.rotary(q, k, positions, offset=0 if cache is None else cache.seen)
+        dropout_p = self.dropout if self.training else 0.0
+        if cache is not None:
+            out, weights = cache.attend(self.attention, q, k, v, causal=causal, mask=mask,
+                                        need_weights=need_weights, dropout_p=dropout_p)
+        else:
+            out, weights = self.attention(q, k, v, causal=causal, mask=mask,
+                                          need_weights=need_weights, dropout_p=dropout_p)
         return self.out_proj(self.merge_heads(out)), weights  # (B, L_q, E)
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:

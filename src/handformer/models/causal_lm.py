@@ -1,0 +1,293 @@
+"""A decoder-only language model (GPT-2's architecture, and its variants) on handformer layers.
+
+Shape letters: ``B`` batch, ``L`` length (new tokens), ``E`` model dim, ``V`` vocabulary.
+
+Reads top to bottom: token embedding + positions (learned, sinusoidal, or rotary inside the
+attention) -> ``num_layers`` causal :class:`~handformer.DecoderLayer` blocks without
+cross-attention -> final LayerNorm (pre-LN models) -> LM head (optionally tied to the token
+embedding). Positions count real tokens only, so left-padded prompts get the positions they
+would have alone. The configuration is a :class:`CausalLMConfig` saved as ``config.json``
+beside ``model.safetensors``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import Tensor, nn
+
+from handformer.attention.cache import DecodingCache, cache_for
+from handformer.decoder_layer import DecoderLayer
+from handformer.masks import from_hf_attention_mask
+from handformer.models.causal_lm_config import CausalLMConfig
+from handformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from handformer.positional_rotary import RotaryEmbedding
+
+__all__ = ["CausalLM", "CausalLMConfig", "CausalLMOutput", "MODEL_TYPE"]
+
+MODEL_TYPE = "handformer-causal-lm"
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+
+@dataclass
+class CausalLMOutput:
+    """What :meth:`CausalLM.forward` returns.
+
+    Attributes:
+        logits: ``(B, L, V)`` next-token scores for every input position.
+        attentions: one ``(B, H, L, L_k)`` tensor per layer when ``need_weights=True``.
+        cache: the decoding cache that was passed in (now advanced), or None.
+    """
+
+    logits: Tensor
+    attentions: tuple[Tensor, ...] | None = None
+    cache: DecodingCache | None = None
+
+
+class CausalLM(nn.Module):
+    """Decoder-only Transformer language model.
+
+    Args:
+        config: a :class:`CausalLMConfig`.
+
+    Raises:
+        TypeError: if ``config`` is not a :class:`CausalLMConfig`.
+    """
+
+    def __init__(self, config: CausalLMConfig) -> None:
+        super().__init__()
+        if not isinstance(config, CausalLMConfig):
+            raise TypeError(f"config must be a CausalLMConfig, got {type(config).__name__}")
+        self.config = c = config
+        self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
+        if c.positional == "learned":
+            self.pos_emb = LearnedPositionalEmbedding(c.max_len, c.d_model)
+        elif c.positional == "sinusoidal":
+            self.pos_emb = SinusoidalPositionalEncoding(c.d_model, max_len=c.max_len)
+        else:
+            self.pos_emb = None
+        rotary = (RotaryEmbedding(c.head_dim, base=c.rotary_base)
+                  if c.positional == "rotary" else None)
+        self.drop = nn.Dropout(c.dropout)
+        self.layers = nn.ModuleList(
+            DecoderLayer(c.d_model, c.num_heads, c.d_ff, dropout=c.dropout,
+                         activation=c.activation, norm_first=c.norm_first,
+                         layer_norm_eps=c.layer_norm_eps, bias=c.bias,
+                         attention=c.make_attention(), cross_attention=False, rotary=rotary)
+            for _ in range(c.num_layers)
+        )
+        self.norm = (nn.LayerNorm(c.d_model, eps=c.layer_norm_eps, bias=c.bias)
+                     if c.norm_first else None)
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.apply(_init_weights)
+        if c.tie_weights:
+            self.lm_head.weight = self.tok_emb.weight
+
+    # ---- running ---------------------------------------------------------------------------
+
+    def new_cache(self) -> DecodingCache:
+        """An empty decoding cache: one layer cache per layer, of the kind its attention needs
+        (growing KV for full/strided, rolling window for local, (S, z) state for linear)."""
+        return DecodingCache([cache_for(layer.self_attn.attention) for layer in self.layers])
+
+    def forward(self, input_ids: Tensor, *, attention_mask: Tensor | None = None,
+                cache: DecodingCache | None = None, need_weights: bool = False
+                ) -> CausalLMOutput:
+        """Next-token logits for every position.
+
+        Args:
+            input_ids: ``(B, L)`` integer token ids (the new tokens when a cache is given).
+            attention_mask: ``(B, L)`` 1/0 (or bool), 1 = real token, for the tokens in
+                ``input_ids`` only (the cache remembers earlier ones). Use it for left
+                padding: padded positions neither attend nor are attended to, and positions
+                count real tokens only.
+            cache: a :meth:`new_cache` to continue from and advance (incremental decoding).
+            need_weights: return every layer's attention weights.
+
+        Returns:
+            :class:`CausalLMOutput`.
+
+        Raises:
+            TypeError: for non-integer ids.
+            ValueError: for ids out of range, wrong shapes, a mask that is not 1/0, a cache
+                of another model or batch size, or more tokens than ``max_len``.
+        """
+        B, L = self._check_ids(input_ids)
+        keep = None
+        if attention_mask is not None:
+            if tuple(attention_mask.shape) != (B, L):
+                raise ValueError(f"attention_mask must be (B, L) = {(B, L)} like input_ids, "
+                                 f"got {tuple(attention_mask.shape)}")
+            keep = from_hf_attention_mask(attention_mask).reshape(B, L)  # (B, L) bool
+            keep = keep.to(input_ids.device)
+        past, start = self._check_cache(cache, B, L, input_ids.device)
+        if keep is None:
+            positions = start[:, None] + torch.arange(L, device=input_ids.device)  # (B, L)
+        else:
+            positions = (start[:, None] + keep.long().cumsum(1) - 1).clamp(min=0)  # (B, L)
+
+        x = self.tok_emb(input_ids)  # (B, L, E)
+        if isinstance(self.pos_emb, LearnedPositionalEmbedding):
+            x = x + self.pos_emb.weight[positions]
+        elif isinstance(self.pos_emb, SinusoidalPositionalEncoding):
+            x = x + self.pos_emb.pe[positions].to(x.dtype)
+        x = self.drop(x)
+        mask = None if keep is None else keep[:, None, None, :]  # (B, 1, 1, L)
+        attentions = []
+        for i, layer in enumerate(self.layers):
+            x, weights, _ = layer.forward_with_weights(
+                x, mask=mask, causal=True, need_weights=need_weights,
+                cache=None if cache is None else cache.layers[i], positions=positions,
+            )
+            attentions.append(weights)
+        if self.norm is not None:
+            x = self.norm(x)
+        logits = self.lm_head(x)  # (B, L, V)
+        if cache is not None:
+            cache.seen = past + L
+            cache.next_positions = start + (L if keep is None else keep.long().sum(1))
+        return CausalLMOutput(logits, tuple(attentions) if need_weights else None, cache)
+
+    def _check_ids(self, input_ids: Tensor) -> tuple[int, int]:
+        if not isinstance(input_ids, Tensor):
+            raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
+        if input_ids.is_floating_point() or input_ids.dtype == torch.bool:
+            raise TypeError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
+        if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+            raise ValueError(f"input_ids must be (B, L) with L >= 1, got shape "
+                             f"{tuple(input_ids.shape)}")
+        if input_ids.numel():
+            lo, hi = int(input_ids.min()), int(input_ids.max())
+            if lo < 0 or hi >= self.config.vocab_size:
+                raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), found "
+                                 f"ids from {lo} to {hi}")
+        return input_ids.shape[0], input_ids.shape[1]
+
+    def _check_cache(self, cache: DecodingCache | None, B: int, L: int,
+                     device: torch.device) -> tuple[int, Tensor]:
+        """Tokens already in the cache and each sequence's next position ``(B,)``."""
+        past = 0
+        start = torch.zeros(B, dtype=torch.long, device=device)
+        if cache is not None:
+            if not isinstance(cache, DecodingCache) or len(cache) != len(self.layers):
+                raise ValueError(f"cache must be this model's new_cache() "
+                                 f"({len(self.layers)} layers), got {cache!r:.80}")
+            past = cache.seen
+            if cache.next_positions is not None:
+                if cache.next_positions.shape[0] != B:
+                    raise ValueError(f"the cache holds a batch of "
+                                     f"{cache.next_positions.shape[0]}, input_ids has {B}")
+                start = cache.next_positions.to(device)
+        if past + L > self.config.max_len:
+            raise ValueError(f"{past + L} tokens ({past} cached + {L} new) exceed the context "
+                             f"max_len={self.config.max_len}")
+        return past, start
+
+    # ---- generation ------------------------------------------------------------------------
+
+    def generate(self, input_ids: Tensor, **kwargs: object) -> Tensor:
+        """Generate tokens after ``input_ids``; see :func:`handformer.models.generation.generate`
+        for the arguments (``max_new_tokens``, ``do_sample``, ``temperature``, ``top_k``,
+        ``top_p``, ``eos_token_id``, ``attention_mask``, ``generator``, ``use_cache``,
+        ``streamer``)."""
+        from handformer.models.generation import generate
+
+        return generate(self, input_ids, **kwargs)
+
+    # ---- saving and loading ----------------------------------------------------------------
+
+    def save_pretrained(self, directory: str | os.PathLike) -> Path:
+        """Write ``config.json`` and ``model.safetensors`` into ``directory`` (created if
+        needed). Each file is written to a temporary name and renamed, so a crash never
+        leaves a half-written file. A tied LM head is stored once (as ``tok_emb.weight``).
+
+        Returns:
+            The directory as a :class:`~pathlib.Path`.
+        """
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().to("cpu").contiguous()
+                 for k, v in self.state_dict().items()
+                 if not (self.config.tie_weights and k == "lm_head.weight")}
+        _atomic_write(directory / WEIGHTS_NAME,
+                      lambda tmp: save_file(state, str(tmp), metadata={"format": "pt"}))
+        config = {"model_type": MODEL_TYPE, **self.config.to_dict()}
+        text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+        _atomic_write(directory / CONFIG_NAME, lambda tmp: tmp.write_text(text))
+        return directory
+
+    @classmethod
+    def from_pretrained(cls, directory: str | os.PathLike, *, device: str | torch.device = "cpu",
+                        dtype: torch.dtype = torch.float32) -> CausalLM:
+        """Load a model written by :meth:`save_pretrained` (strict, all-or-nothing).
+
+        Args:
+            directory: folder with ``config.json`` and ``model.safetensors``.
+            device: where to put the model.
+            dtype: floating dtype of the parameters.
+
+        Returns:
+            The model, in eval mode.
+
+        Raises:
+            FileNotFoundError: for a missing folder or file.
+            ValueError: for an invalid config; ``CheckpointError`` (a ``ValueError``) for
+                missing, unexpected or mis-shaped weights and corrupt files.
+        """
+        # The strict loader is shared with the pretrained checkpoints' loaders.
+        from handformer.pretrained.loading import load_safetensors
+
+        directory = Path(directory)
+        config = read_config(directory / CONFIG_NAME)
+        model = cls(config)
+        load_safetensors(model, directory / WEIGHTS_NAME)
+        return model.to(device=device, dtype=dtype).eval()
+
+
+def read_config(path: Path) -> CausalLMConfig:
+    """Read a CausalLM ``config.json``.
+
+    Raises:
+        FileNotFoundError: if it does not exist.
+        ValueError: if it is not JSON, not a CausalLM config, or invalid.
+    """
+    if not path.is_file():
+        raise FileNotFoundError(f"no {path.name} in {path.parent} (a CausalLM folder has "
+                                f"{CONFIG_NAME} and {WEIGHTS_NAME})")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict) or data.get("model_type") != MODEL_TYPE:
+        found = data.get("model_type") if isinstance(data, dict) else type(data).__name__
+        raise ValueError(f"{path}: model_type is {found!r}, expected {MODEL_TYPE!r}; a GPT-2 "
+                         "folder loads with handformer.pretrained.load_gpt2")
+    data = {k: v for k, v in data.items() if k != "model_type"}
+    return CausalLMConfig.from_dict(data)
+
+
+def _atomic_write(path: Path, write: object) -> None:
+    """Call ``write(tmp_path)`` then rename the temporary file over ``path``."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))  # type: ignore[operator]
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _init_weights(module: nn.Module) -> None:
+    """GPT-2's initialisation: normal(0, 0.02) weights, zero biases."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)

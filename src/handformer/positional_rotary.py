@@ -1,0 +1,156 @@
+"""Relative position schemes that act inside attention: rotary embeddings (RoPE) and ALiBi.
+
+Shape letters: ``B`` batch, ``H`` heads, ``L`` length (``L_q``/``L_k``), ``D`` head dim.
+
+* **RoPE** (Su et al., "RoFormer", 2021) rotates each pair of query/key features by an angle
+  proportional to the token's position, ``theta_i = base^(-2i/D)``; the score
+  ``q_m . k_n`` then depends on the positions only through ``m - n``. handformer pairs feature
+  ``i`` with feature ``i + D/2`` (the "rotate half" layout used by GPT-NeoX and LLaMA):
+  ``x'_i = x_i cos(p theta_i) - x_{i+D/2} sin(p theta_i)``,
+  ``x'_{i+D/2} = x_{i+D/2} cos(p theta_i) + x_i sin(p theta_i)``.
+* **ALiBi** (Press et al., "Train Short, Test Long", 2022) adds ``-m_h * |p - j|`` to the
+  scores of head ``h`` (a float mask in handformer's convention), with head slopes
+  ``m_h = 2^(-8 (h+1) / H)`` for ``H`` a power of two (see :func:`alibi_slopes` otherwise).
+  With ``causal=True`` only ``j <= p`` remains, which is the paper's ``m_h (j - p)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from handformer.layers import check_positive_int
+
+__all__ = ["RotaryEmbedding", "ALiBi", "alibi_slopes"]
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding, applied to ``q`` and ``k`` of shape ``(B, H, L, D)``.
+
+    Pass it to ``MultiHeadAttention(..., rotary=RotaryEmbedding(head_dim))``; it has no
+    parameters and no table, so any position works (no ``max_len``).
+
+    Args:
+        dim: rotated features (the head dim ``D``); must be even.
+        base: the frequency base (10000 in the paper).
+
+    Raises:
+        ValueError: for an odd or non-positive ``dim`` or ``base <= 1``.
+    """
+
+    def __init__(self, dim: int, *, base: float = 10000.0) -> None:
+        super().__init__()
+        check_positive_int("dim", dim)
+        if dim % 2:
+            raise ValueError(f"dim must be even for rotary embeddings, got {dim}")
+        if isinstance(base, bool) or not isinstance(base, (int, float)) or base <= 1:
+            raise ValueError(f"base must be a number > 1, got {base!r}")
+        self.dim = dim
+        self.base = float(base)
+        inv_freq = self.base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (D/2,)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Rotate ``x: (B, H, L, D)`` at ``positions`` ``(B, L)`` or ``(L,)``."""
+        if x.shape[-1] != self.dim:
+            raise ValueError(f"x has {x.shape[-1]} features, rotary dim is {self.dim}")
+        if positions.dim() == 1:
+            positions = positions.unsqueeze(0)  # (1, L)
+        if positions.shape[-1] != x.shape[-2]:
+            raise ValueError(
+                f"positions {tuple(positions.shape)} do not match the length of x "
+                f"{tuple(x.shape)}"
+            )
+        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+        angles = positions.to(compute)[:, None, :, None] * self.inv_freq.to(compute)
+        # angles: (B, 1, L, D/2)
+        cos, sin = angles.cos(), angles.sin()
+        x1, x2 = x.to(compute).chunk(2, dim=-1)  # 2 x (B, H, L, D/2)
+        out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)  # (B, H, L, D)
+        return out.to(x.dtype)
+
+    def forward(self, q: Tensor, k: Tensor, positions: Tensor | None = None, *,
+                offset: int = 0) -> tuple[Tensor, Tensor]:
+        """Rotate queries and keys.
+
+        Args:
+            q: ``(B, H, L_q, D)``.
+            k: ``(B, H, L_k, D)``.
+            positions: ``(B, L)`` or ``(L,)`` positions of the tokens (``L_q == L_k``);
+                default ``offset + 0 .. L - 1`` (queries aligned to the last keys).
+            offset: position of the first key when ``positions`` is None (the cache length).
+
+        Returns:
+            ``(q, k)`` rotated, same shapes and dtypes.
+        """
+        L_q, L_k = q.shape[-2], k.shape[-2]
+        if positions is None:
+            pos_k = torch.arange(offset, offset + L_k, device=k.device)  # (L_k,)
+            pos_q = pos_k[L_k - L_q:] if L_q <= L_k else torch.arange(
+                offset, offset + L_q, device=q.device)  # (L_q,)
+            return self.rotate(q, pos_q), self.rotate(k, pos_k)
+        return self.rotate(q, positions), self.rotate(k, positions)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, base={self.base}"
+
+
+def alibi_slopes(num_heads: int) -> Tensor:
+    """ALiBi head slopes ``(H,)`` (float64).
+
+    For ``H`` a power of two: ``2^(-8/H), 2^(-16/H), ..., 2^(-8)``. Otherwise the slopes of
+    the nearest lower power of two ``n``, followed by every other slope of ``2n`` (the paper's
+    recipe).
+
+    Raises:
+        ValueError: for ``num_heads < 1``.
+    """
+    check_positive_int("num_heads", num_heads)
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    n = 2 ** int(math.floor(math.log2(num_heads)))
+    slopes = power_of_two(n)
+    if n < num_heads:
+        slopes += power_of_two(2 * n)[0::2][: num_heads - n]
+    return torch.tensor(slopes, dtype=torch.float64)
+
+
+class ALiBi(nn.Module):
+    """Attention with Linear Biases: a per-head additive bias ``-m_h |p - j|``.
+
+    Args:
+        num_heads: number of heads ``H``.
+
+    Raises:
+        ValueError: for ``num_heads < 1``.
+    """
+
+    def __init__(self, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)  # (H,)
+
+    def forward(self, L_q: int, L_k: int | None = None, *, dtype: torch.dtype = torch.float32,
+                device: torch.device | str | None = None) -> Tensor:
+        """The bias ``(H, L_q, L_k)``, to pass as a float ``mask`` (bottom-right aligned).
+
+        Query ``i`` sits at key position ``p = i + L_k - L_q``; entry ``(h, i, j)`` is
+        ``-m_h * |p - j|``. Combine with ``causal=True`` for the causal (paper) form.
+        """
+        L_k = L_q if L_k is None else L_k
+        if L_q < 0 or L_k < 0:
+            raise ValueError(f"lengths must be >= 0, got L_q={L_q}, L_k={L_k}")
+        device = self.slopes.device if device is None else device
+        p = torch.arange(L_q, device=device).unsqueeze(-1) + (L_k - L_q)  # (L_q, 1)
+        j = torch.arange(L_k, device=device)  # (L_k,)
+        distance = (p - j).abs().to(torch.float64)  # (L_q, L_k)
+        slopes = self.slopes.to(device)[:, None, None]  # (H, 1, 1)
+        return (-slopes * distance).to(dtype)  # (H, L_q, L_k)
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}"
