@@ -14,6 +14,7 @@ import sys
 # ``run(args) -> int``.
 COMMANDS = [
     "handformer.commands.demo",
+    "handformer.commands.embed",
 ]
 
 

@@ -124,16 +124,23 @@ class BertOutput:
     attentions: tuple[Tensor, ...] | None = None
 
 
+def _embedding(num: int, dim: int, padding_idx: int | None = None) -> nn.Embedding:
+    """An embedding table; built on the meta device (to be loaded) it skips the random init,
+    whose meta-device implementation costs seconds on first use."""
+    if torch.empty(0).device.type == "meta":
+        return nn.Embedding(num, dim, padding_idx=padding_idx, _weight=torch.empty(num, dim))
+    return nn.Embedding(num, dim, padding_idx=padding_idx)
+
+
 class BertEmbeddings(nn.Module):
     """``LayerNorm(word + position + token_type)`` followed by dropout."""
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         E = config.hidden_size
-        self.word_embeddings = nn.Embedding(config.vocab_size, E,
-                                            padding_idx=config.pad_token_id)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, E)
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, E)
+        self.word_embeddings = _embedding(config.vocab_size, E, config.pad_token_id)
+        self.position_embeddings = _embedding(config.max_position_embeddings, E)
+        self.token_type_embeddings = _embedding(config.type_vocab_size, E)
         self.norm = nn.LayerNorm(E, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 

@@ -1,0 +1,50 @@
+"""``handformer embed``: sentence embeddings and their cosine similarities."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+NAME = "embed"
+HELP = ("Embed sentences with a BERT-family model (default: bundled all-MiniLM-L6-v2) and "
+        "print their cosine-similarity matrix.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("sentences", nargs="+", metavar="SENTENCE", help="texts to embed")
+    parser.add_argument("--model", metavar="DIR", default=None,
+                        help="checkpoint folder (config.json, model.safetensors, tokenizer)")
+    parser.add_argument("--json", action="store_true",
+                        help="print {sentence, embedding} objects as JSON instead of the table")
+    parser.add_argument("--batch-size", type=int, default=32, help="texts per forward pass")
+
+
+def similarity_table(sentences: list[str], sims: list[list[float]], *, width: int = 24
+                     ) -> str:
+    """An aligned text table: one row and one column per sentence (labels cut to ``width``)."""
+    labels = [s if len(s) <= width else s[: width - 1] + "…" for s in sentences]
+    w = max(len(label) for label in labels)
+    index = [f"[{i}]" for i in range(len(sentences))]
+    col = max(6, max(len(x) for x in index))
+    lines = [" " * (w + len(index[-1]) + 2) + " ".join(f"{x:>{col}}" for x in index)]
+    for i, (label, row) in enumerate(zip(labels, sims, strict=True)):
+        lines.append(f"{index[i]:>{len(index[-1])}} {label:<{w}} "
+                     + " ".join(f"{v:>{col}.3f}" for v in row))
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch.nn.functional as F
+
+    from handformer.pretrained import embed, load_bert
+
+    model, tokenizer = load_bert(args.model)
+    vectors = embed(args.sentences, model=model, tokenizer=tokenizer,
+                    batch_size=args.batch_size)
+    if args.json:
+        print(json.dumps([{"sentence": s, "embedding": [round(x, 7) for x in v]}
+                          for s, v in zip(args.sentences, vectors.tolist(), strict=True)]))
+        return 0
+    unit = F.normalize(vectors, dim=-1)
+    print(similarity_table(args.sentences, (unit @ unit.T).tolist()))
+    return 0
