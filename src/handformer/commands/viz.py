@@ -1,0 +1,163 @@
+"""``handformer viz TEXT``: a real model's attention as PNG heat maps and an HTML viewer.
+
+Writes into ``--out`` (default ``./attention/``):
+
+* ``head.png``  - one head's heat map (tokens on both axes, colour bar, layer/head in the
+  title; with ``--attention local|strided`` the pattern of reachable keys beside it);
+* ``model.png`` - every layer x head as thumbnails;
+* ``index.html`` - the self-contained interactive viewer (no network).
+
+and prints the paths and one line per layer: the token that gets the most attention and the
+strongest link between two ordinary tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+from handformer.cli import UsageError
+
+NAME = "viz"
+HELP = "Show a pretrained model's attention on TEXT: head.png, model.png and index.html."
+
+KINDS = ("full", "local", "strided", "linear")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("text", metavar="TEXT", help="the text to run the model on")
+    parser.add_argument("--model", metavar="DIR", default=None,
+                        help="BERT-family checkpoint folder (default: the bundled "
+                             "all-MiniLM-L6-v2)")
+    parser.add_argument("--layer", type=int, default=None,
+                        help="layer of head.png, from 0 (default: the layer of the strongest "
+                             "link between two words)")
+    parser.add_argument("--head", type=int, default=None,
+                        help="head of head.png, from 0 (default: the head of that link)")
+    parser.add_argument("--out", metavar="DIR", default="attention",
+                        help="output folder, created if missing (default ./attention/)")
+    parser.add_argument("--attention", choices=KINDS, default="full",
+                        help="attention kind used in every layer (default full)")
+    parser.add_argument("--window-size", type=int, default=5,
+                        help="window of --attention local (default 5: two keys each side)")
+    parser.add_argument("--stride", type=int, default=3,
+                        help="stride of --attention strided (default 3)")
+    parser.add_argument("--global-tokens", type=int, default=1,
+                        help="leading tokens every query sees with --attention strided "
+                             "(default 1: [CLS])")
+
+
+def _kind(args: argparse.Namespace) -> tuple[object | None, str]:
+    """The attention kind for ``--attention`` and a short description of it."""
+    if args.attention == "full":
+        return None, "full attention"
+    if args.attention == "local":
+        from handformer.attention.local import LocalAttention
+
+        return LocalAttention(args.window_size), f"local attention, window {args.window_size}"
+    if args.attention == "strided":
+        from handformer.attention.sparse import StridedAttention
+
+        return (StridedAttention(args.stride, global_tokens=args.global_tokens),
+                f"strided attention, stride {args.stride}, {args.global_tokens} global token(s)")
+    from handformer.attention.linear import LinearAttention
+
+    return LinearAttention(), "linear attention (elu+1 features; the matrix is never formed)"
+
+
+def _check_out(out: str) -> Path:
+    """Create ``out`` if needed and prove it is writable, before any slow work."""
+    path = Path(out)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise UsageError(f"cannot write to --out {out}: {reason}") from None
+    return path
+
+
+def _check_index(name: str, value: int | None, count: int, unit: str) -> None:
+    if value is not None and not 0 <= value < count:
+        raise UsageError(f"--{name} {value} is out of range: the model has {count} {unit}, "
+                         f"valid values are 0..{count - 1}")
+
+
+def _word_index(text: str, offsets: list[tuple[int, int]]) -> list[int]:
+    """Per token, the index of the whitespace-separated word its characters start in."""
+    word_at, word, inside = [], -1, False
+    for ch in text:
+        if not ch.isspace() and not inside:
+            word += 1
+        inside = not ch.isspace()
+        word_at.append(max(word, 0))
+    return [word_at[start] if start < len(word_at) else word + 1 for start, _ in offsets]
+
+
+def run(args: argparse.Namespace) -> int:
+    text = args.text
+    if not text.strip():
+        raise UsageError("TEXT is empty; pass some words, e.g. handformer viz \"The animal "
+                         "didn't cross the street because it was too tired\"")
+    kind, kind_text = _kind(args)  # validates --window-size / --stride (ValueError -> exit 2)
+    out = _check_out(args.out)
+
+    import torch
+
+    from handformer.pretrained import load_bert
+    from handformer.viz import plot_attention, plot_heads, save_figure, save_html, summarize
+
+    model, tokenizer = load_bert(args.model, attention=kind)
+    N, H = model.config.num_hidden_layers, model.config.num_attention_heads
+    _check_index("layer", args.layer, N, "layers")
+    _check_index("head", args.head, H, "heads per layer")
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        encodings = tokenizer.encode([text])  # truncated to the model's limit, with a warning
+    batch = tokenizer.pad(encodings)  # (1, L) tensors
+    tokens = encodings[0].tokens
+    L = len(tokens)
+    if any("truncated" in str(w.message) for w in caught):
+        print(f"note: the text is longer than the model's limit of {tokenizer.max_length} "
+              f"tokens; only the first {L} are shown")
+
+    with torch.inference_mode():
+        result = model(**batch, need_weights=True)
+    attentions = [a.float() for a in result.attentions]  # N x (1, H, L, L)
+
+    # Links worth showing: between two words at least two words apart (not within "didn't",
+    # not to the neighbour), special tokens left out.
+    summaries = summarize(attentions, tokens, special=encodings[0].special_tokens_mask,
+                          words=_word_index(text, encodings[0].offsets), min_distance=2)
+    layer, head = args.layer, args.head
+    if layer is None or head is None:
+        best = max((s for s in summaries if s.link is not None and
+                    (layer is None or s.layer == layer)),
+                   key=lambda s: s.link[3], default=None)
+        layer = (best.layer if best else N - 1) if layer is None else layer
+        head = (best.link[0] if best else 0) if head is None else head
+
+    model_name = "all-MiniLM-L6-v2" if args.model is None else Path(args.model).name
+    pattern = kind if kind is not None and args.attention != "linear" else None
+    title = f"{model_name}: layer {layer}, head {head} ({kind_text})"
+    head_png = save_figure(plot_attention(attentions[layer][0, head], tokens, title=title,
+                                          pattern=pattern), out / "head.png")
+    model_png = save_figure(plot_heads(attentions, tokens, title=f"{model_name}: every head "
+                                       f"({kind_text}), each scaled to its maximum"),
+                            out / "model.png")
+    html_path = save_html(attentions, tokens, out / "index.html",
+                          title=f"Attention of {model_name}: {text[:60]}",
+                          pattern=pattern, pattern_label=kind_text.capitalize(),
+                          note=f"{model_name} · {kind_text}", layer=layer, head=head)
+
+    for path in (head_png, model_png, html_path):
+        print(f"wrote {os.path.relpath(path) if not path.is_absolute() else path}")
+    print(f"{L} tokens, {N} layers x {H} heads; head.png shows layer {layer}, head {head}")
+    for s in summaries:
+        print(s.describe(tokens))
+    return 0

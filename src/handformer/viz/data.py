@@ -1,0 +1,269 @@
+"""Attention data for the visualiser: accept what models return, validate, summarise, encode.
+
+Every plotting and viewer function first turns its input into one float32 array of shape
+``(N, H, L_q, L_k)`` with :func:`as_attention_array`, so they all accept the same things: one
+head's ``(L_q, L_k)`` matrix, one layer's ``(H, L_q, L_k)`` or ``(B, H, L_q, L_k)`` weights, a
+sequence of per-layer tensors (what ``Encoder(..., need_weights=True).attentions`` holds), or a
+model output with an ``.attentions`` attribute.
+
+Shape letters: ``N`` layers, ``H`` heads, ``B`` batch, ``L_q`` queries, ``L_k`` keys.
+"""
+
+from __future__ import annotations
+
+import base64
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = [
+    "as_attention_array",
+    "check_tokens",
+    "as_pattern",
+    "encode_weights",
+    "LayerSummary",
+    "summarize",
+]
+
+# Above this many bytes the quantised weights are deflate-compressed in the HTML (browsers
+# inflate them with DecompressionStream); below it they are stored raw, readable everywhere.
+RAW_LIMIT = 256 * 1024
+
+
+def _to_numpy(x: object, name: str) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().to("cpu", torch.float32).numpy()
+    elif isinstance(x, np.ndarray):
+        x = x.astype(np.float32, copy=False)
+    else:
+        raise TypeError(f"{name} must be a torch.Tensor or numpy array, got {type(x).__name__}")
+    return x
+
+
+def _drop_batch(x: np.ndarray, batch_index: int, name: str) -> np.ndarray:
+    """``(B, H, L_q, L_k)`` -> ``(H, L_q, L_k)`` at ``batch_index``; smaller ranks unchanged."""
+    if x.ndim == 4:
+        if not -x.shape[0] <= batch_index < x.shape[0]:
+            raise ValueError(f"batch_index={batch_index} is out of range for {name} with batch "
+                             f"size {x.shape[0]} (shape {tuple(x.shape)})")
+        return x[batch_index]
+    return x
+
+
+def as_attention_array(attentions: object, *, batch_index: int = 0) -> np.ndarray:
+    """Normalise attention weights to one float32 array ``(N, H, L_q, L_k)``.
+
+    Args:
+        attentions: ``(L_q, L_k)`` (one head), ``(H, L_q, L_k)`` or ``(B, H, L_q, L_k)`` (one
+            layer), a list/tuple of per-layer ``(B, H, L_q, L_k)`` or ``(H, L_q, L_k)``
+            tensors, or an object with an ``.attentions`` attribute holding such a sequence
+            (a handformer model output). Tensors or numpy arrays.
+        batch_index: which batch element to take from ``(B, H, L_q, L_k)`` weights.
+
+    Returns:
+        float32 numpy array ``(N, H, L_q, L_k)``.
+
+    Raises:
+        TypeError: for other input types.
+        ValueError: for other ranks, layers of different shapes, empty input, or values that
+            are not finite.
+    """
+    if hasattr(attentions, "attentions") and not isinstance(attentions, torch.Tensor | np.ndarray):
+        attentions = attentions.attentions
+        if attentions is None:
+            raise ValueError("the model output holds no attentions; run the model with "
+                             "need_weights=True")
+    if isinstance(attentions, torch.Tensor | np.ndarray):
+        x = _to_numpy(attentions, "attentions")
+        if x.ndim == 2:  # (L_q, L_k)
+            x = x[None, None]  # (1, 1, L_q, L_k)
+        elif x.ndim in (3, 4):
+            x = _drop_batch(x, batch_index, "attentions")[None]  # (1, H, L_q, L_k)
+        else:
+            raise ValueError(
+                "attentions must be (L_q, L_k), (H, L_q, L_k), (B, H, L_q, L_k) or a sequence "
+                f"of per-layer weights, got shape {tuple(x.shape)}"
+            )
+    elif isinstance(attentions, Sequence) and not isinstance(attentions, str):
+        if len(attentions) == 0:
+            raise ValueError("attentions is an empty sequence; expected one tensor per layer")
+        layers = []
+        for n, layer in enumerate(attentions):
+            y = _drop_batch(_to_numpy(layer, f"attentions[{n}]"), batch_index, f"attentions[{n}]")
+            if y.ndim != 3:
+                raise ValueError(f"attentions[{n}] must be (B, H, L_q, L_k) or (H, L_q, L_k), "
+                                 f"got shape {tuple(y.shape)}")
+            if layers and y.shape != layers[0].shape:
+                raise ValueError(f"attentions[{n}] has shape {tuple(y.shape)} but attentions[0] "
+                                 f"has {tuple(layers[0].shape)}; all layers must match")
+            layers.append(y)
+        x = np.stack(layers)  # (N, H, L_q, L_k)
+    else:
+        raise TypeError("attentions must be a tensor, an array, a sequence of per-layer tensors "
+                        f"or a model output with .attentions, got {type(attentions).__name__}")
+    if x.size == 0:
+        raise ValueError(f"attentions is empty (shape {tuple(x.shape)})")
+    if not np.isfinite(x).all():
+        raise ValueError("attentions holds NaN or infinite values")
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def check_tokens(tokens: object, length: int, name: str = "tokens") -> list[str]:
+    """Return ``tokens`` as a list of ``length`` strings, or raise.
+
+    Raises:
+        TypeError: if ``tokens`` is a string or holds non-strings.
+        ValueError: if the count does not match ``length``.
+    """
+    if isinstance(tokens, str) or not isinstance(tokens, Sequence):
+        raise TypeError(f"{name} must be a sequence of strings (one per position), got "
+                        f"{type(tokens).__name__}")
+    out = list(tokens)
+    bad = [t for t in out if not isinstance(t, str)]
+    if bad:
+        raise TypeError(f"{name} must hold strings, found {type(bad[0]).__name__}")
+    if len(out) != length:
+        raise ValueError(f"{name} has {len(out)} entries but the attention has {length} "
+                         f"positions on that axis")
+    return out
+
+
+def as_pattern(pattern: object, L_q: int, L_k: int) -> np.ndarray | None:
+    """Return a boolean ``(L_q, L_k)`` array of allowed keys, or None.
+
+    ``pattern`` may be None, a boolean tensor/array that broadcasts to ``(L_q, L_k)``, or an
+    attention kind with a ``pattern(L_q, L_k)`` method (e.g. ``LocalAttention(3)``).
+
+    Raises:
+        TypeError: if the pattern is not boolean.
+        ValueError: if it does not broadcast to ``(L_q, L_k)``.
+    """
+    if pattern is None:
+        return None
+    if hasattr(pattern, "pattern") and callable(pattern.pattern):
+        pattern = pattern.pattern(L_q, L_k)
+        if pattern is None:
+            return None
+    if isinstance(pattern, torch.Tensor):
+        if pattern.dtype != torch.bool:
+            raise TypeError(f"pattern must be boolean (True = may attend), got {pattern.dtype}")
+        pattern = pattern.detach().cpu().numpy()
+    pattern = np.asarray(pattern)
+    if pattern.dtype != np.bool_:
+        raise TypeError(f"pattern must be boolean (True = may attend), got {pattern.dtype}")
+    try:
+        return np.ascontiguousarray(np.broadcast_to(pattern, (L_q, L_k)))
+    except ValueError:
+        raise ValueError(f"pattern of shape {pattern.shape} does not broadcast to "
+                         f"(L_q, L_k) = ({L_q}, {L_k})") from None
+
+
+def encode_weights(x: np.ndarray) -> dict[str, object]:
+    """Quantise ``(N, H, L_q, L_k)`` weights to 8 bits per value for the HTML viewer.
+
+    Each head is scaled to its own range ``[lo, hi]`` (``lo = min(0, min)``), which is what a
+    linear colour map shows anyway; the largest error is ``(hi - lo) / 510``. Large inputs are
+    deflate-compressed (zlib format) so 512 tokens x 6 layers x 12 heads stays a few MB.
+
+    Returns:
+        ``{"encoding": "raw"|"deflate", "data": base64 str, "scale": [[lo, hi], ...]}`` with
+        one ``[lo, hi]`` per head, layer-major.
+    """
+    N, H = x.shape[:2]
+    lo = np.minimum(x.min(axis=(2, 3)), 0.0)  # (N, H)
+    hi = x.max(axis=(2, 3))  # (N, H)
+    span = np.where(hi > lo, hi - lo, 1.0)  # (N, H)
+    q = np.rint((x - lo[..., None, None]) / span[..., None, None] * 255.0)  # (N, H, L_q, L_k)
+    raw = q.astype(np.uint8).tobytes()
+    if len(raw) > RAW_LIMIT:
+        encoding, payload = "deflate", zlib.compress(raw, 6)
+    else:
+        encoding, payload = "raw", raw
+    scale = [[round(float(a), 6), round(float(b), 6)]
+             for a, b in zip(lo.reshape(-1), hi.reshape(-1), strict=True)]
+    return {"encoding": encoding, "data": base64.b64encode(payload).decode("ascii"),
+            "scale": scale}
+
+
+@dataclass
+class LayerSummary:
+    """What one layer attends to, in numbers (see :func:`summarize`).
+
+    Attributes:
+        layer: layer index.
+        top_key: index of the key that receives the most attention (mean over heads, queries).
+        top_key_share: that key's share of all attention in the layer (0..1).
+        link: ``(head, query, key, weight)`` of the strongest link between two different,
+            ordinary (non-special) tokens, or None if there is none.
+    """
+
+    layer: int
+    top_key: int
+    top_key_share: float
+    link: tuple[int, int, int, float] | None
+
+    def describe(self, tokens: Sequence[str]) -> str:
+        """One line, e.g. ``layer 2: most attention to [SEP] (41%); strongest link it ->
+        animal 0.52 (head 7)``."""
+        text = f"layer {self.layer}: most attention to {tokens[self.top_key]} " \
+               f"({self.top_key_share:.0%})"
+        if self.link is not None:
+            head, i, j, w = self.link
+            text += f"; strongest link {tokens[i]} -> {tokens[j]} {w:.2f} (head {head})"
+        return text
+
+
+def _is_special(token: str) -> bool:
+    return len(token) > 2 and token.startswith(("[", "<")) and token.endswith(("]", ">"))
+
+
+def summarize(attentions: object, tokens: Sequence[str], *,
+              special: Sequence[bool] | None = None, words: Sequence[int] | None = None,
+              min_distance: int = 1) -> list[LayerSummary]:
+    """Per layer: the most attended key, and the strongest link between ordinary tokens.
+
+    Args:
+        attentions: anything :func:`as_attention_array` accepts (self-attention, L_q == L_k).
+        tokens: one string per position.
+        special: per position, True for special tokens (``[CLS]``, ``[SEP]``, ...) left out of
+            the "strongest link"; by default tokens written like ``[XXX]`` or ``<xxx>``.
+        words: per position, the index of the word the token belongs to (default: its
+            position), so links between pieces of one word can be left out.
+        min_distance: a link counts only if its two tokens' word indices differ by at least
+            this much (1 = any other word; 2 skips neighbours too).
+
+    Returns:
+        One :class:`LayerSummary` per layer.
+
+    Raises:
+        ValueError: for cross-attention, lengths that do not match, or ``min_distance < 1``.
+    """
+    x = as_attention_array(attentions)  # (N, H, L, L)
+    N, H, L, L_k = x.shape
+    if L != L_k:
+        raise ValueError(f"summarize needs self-attention (L_q == L_k), got {L} x {L_k}")
+    check_tokens(tokens, L)
+    if isinstance(min_distance, bool) or not isinstance(min_distance, int) or min_distance < 1:
+        raise ValueError(f"min_distance must be an int >= 1, got {min_distance!r}")
+    special = [_is_special(t) for t in tokens] if special is None else list(special)
+    word = np.arange(L) if words is None else np.asarray(words, dtype=np.int64)
+    if len(special) != L or word.shape != (L,):
+        raise ValueError(f"special and words must have one entry per token ({L}), got "
+                         f"{len(special)} and {word.shape[0] if word.ndim else 0}")
+    ordinary = ~np.asarray(special, dtype=bool)  # (L,)
+    far = np.abs(word[:, None] - word[None, :]) >= min_distance  # (L, L)
+    allowed = far & ordinary[:, None] & ordinary[None, :]  # (L, L)
+    out = []
+    for n in range(N):
+        received = x[n].sum(axis=(0, 1))  # (L,)
+        total = float(received.sum())
+        top = int(received.argmax())
+        share = float(received[top] / total) if total > 0 else 0.0
+        links = np.where(allowed, x[n], -1.0)  # (H, L, L)
+        h, i, j = np.unravel_index(int(links.argmax()), links.shape)
+        link = (int(h), int(i), int(j), float(links[h, i, j])) if links.max() > 0 else None
+        out.append(LayerSummary(n, top, share, link))
+    return out

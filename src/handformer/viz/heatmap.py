@@ -1,0 +1,225 @@
+"""Matplotlib heat maps: one head (tokens on both axes) and the model view (every head).
+
+Figures are built with :class:`matplotlib.figure.Figure` on the Agg canvas, never through
+``pyplot``: no GUI backend is touched, no global figure list grows, and it works headless.
+In a notebook the returned figure displays itself.
+
+Shape letters: ``N`` layers, ``H`` heads, ``L_q`` queries, ``L_k`` keys.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import ListedColormap
+from matplotlib.figure import Figure
+
+from handformer.viz.data import as_attention_array, as_pattern, check_tokens
+from handformer.viz.files import write_atomic
+
+__all__ = ["plot_attention", "plot_heads", "save_figure"]
+
+DPI = 100
+# Blocked cells of a pattern: light grey; allowed: dark slate (readable in print too).
+_PATTERN_CMAP = ListedColormap(["#eeeeee", "#3b4a6b"])
+
+
+def _new_figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _side_inches(n: int) -> float:
+    """Edge of one heat-map panel for ``n`` tokens: readable labels, bounded size."""
+    return float(min(max(0.32 * n + 2.5, 5.0), 12.0))
+
+
+def _label_step(n: int) -> int:
+    """Label every token up to 64, then every k-th so labels stay legible."""
+    return 1 if n <= 64 else math.ceil(n / 64)
+
+
+def _font_size(n: int) -> float:
+    return float(min(max(14.0 - n / 6.0, 6.0), 12.0))
+
+
+def _token_axes(ax: Axes, rows: Sequence[str], cols: Sequence[str]) -> None:
+    step_r, step_c = _label_step(len(rows)), _label_step(len(cols))
+    fs = _font_size(max(len(rows), len(cols)))
+    ax.set_xticks(range(0, len(cols), step_c))
+    ax.set_xticklabels(cols[::step_c], rotation=90, fontsize=fs)
+    ax.set_yticks(range(0, len(rows), step_r))
+    ax.set_yticklabels(rows[::step_r], fontsize=fs)
+    ax.set_xlabel("Key (attended to)")
+    ax.set_ylabel("Query (attending)")
+
+
+def _one_head(weights: object) -> np.ndarray:
+    x = as_attention_array(weights)  # (N, H, L_q, L_k)
+    if x.shape[0] * x.shape[1] != 1:
+        raise ValueError(
+            f"plot_attention draws one head, got {x.shape[0]} layer(s) x {x.shape[1]} head(s) "
+            f"(shape {tuple(x.shape)}); pass one head's (L_q, L_k) weights such as "
+            "out.attentions[layer][0, head], or use plot_heads"
+        )
+    return x[0, 0]  # (L_q, L_k)
+
+
+def plot_attention(weights: object, tokens: Sequence[str], *, ax: Axes | None = None,
+                   title: str | None = None, pattern: object = None,
+                   key_tokens: Sequence[str] | None = None, cmap: str = "viridis") -> Figure:
+    """Heat map of one head: queries as rows, keys as columns, tokens as tick labels.
+
+    Args:
+        weights: one head's ``(L_q, L_k)`` weights (leading dimensions of size 1 allowed), a
+            tensor or numpy array.
+        tokens: the query tokens (and key tokens unless ``key_tokens`` is given).
+        ax: draw into these axes (no colour bar, no pattern panel) instead of a new figure.
+        title: the title, e.g. ``"Layer 3, head 5"``.
+        pattern: the keys each query may reach, shown beside the weights: a boolean
+            ``(L_q, L_k)`` tensor/array (True = may attend) or an attention kind such as
+            ``LocalAttention(2)``. With ``ax`` given, blocked cells are greyed out instead.
+        key_tokens: key tokens for cross-attention (defaults to ``tokens``).
+        cmap: a matplotlib colour map name.
+
+    Returns:
+        The :class:`~matplotlib.figure.Figure` (``ax.figure`` when ``ax`` is given).
+
+    Raises:
+        ValueError: if the weights are not one head, or counts or shapes do not match.
+        TypeError: for tokens that are not strings or a non-boolean pattern.
+    """
+    w = _one_head(weights)  # (L_q, L_k)
+    L_q, L_k = w.shape
+    rows = check_tokens(tokens, L_q)
+    cols = rows if key_tokens is None else check_tokens(key_tokens, L_k, "key_tokens")
+    allowed = as_pattern(pattern, L_q, L_k)  # (L_q, L_k) or None
+    vmin, vmax = min(0.0, float(w.min())), float(w.max())
+    vmax = vmax if vmax > vmin else vmin + 1.0
+
+    if ax is not None:
+        fig = ax.figure
+        ax.imshow(w, cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
+        if allowed is not None:
+            grey = np.zeros((L_q, L_k, 4), dtype=np.float32)  # (L_q, L_k, RGBA)
+            grey[~allowed] = (0.93, 0.93, 0.93, 0.85)
+            ax.imshow(grey, interpolation="nearest")
+        _token_axes(ax, rows, cols)
+        if title:
+            ax.set_title(title)
+        return fig
+
+    side = _side_inches(max(L_q, L_k))
+    panels = 1 if allowed is None else 2
+    fig = _new_figure(side * panels + 1.2 * panels, side)
+    axes = fig.subplots(1, panels, squeeze=False)[0]
+    im = axes[0].imshow(w, cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
+    _token_axes(axes[0], rows, cols)
+    axes[0].set_title(title or "Attention weights")
+    fig.colorbar(im, ax=axes[0], fraction=0.046, pad=0.02, label="attention weight")
+    if allowed is not None:
+        axes[1].imshow(allowed, cmap=_PATTERN_CMAP, vmin=0, vmax=1, interpolation="nearest")
+        _token_axes(axes[1], rows, cols)
+        n_allowed = int(allowed.sum())
+        axes[1].set_title(f"Keys each query may reach: {n_allowed} of {L_q * L_k} pairs "
+                          f"({n_allowed / (L_q * L_k):.0%})")
+    return fig
+
+
+def _pool(w: np.ndarray, size: int) -> np.ndarray:
+    """Max-pool an ``(L_q, L_k)`` map so its longer side is at most ``size`` (peaks survive)."""
+    f = math.ceil(max(w.shape) / size)
+    if f <= 1:
+        return w
+    L_q, L_k = w.shape
+    pad = np.zeros((math.ceil(L_q / f) * f, math.ceil(L_k / f) * f), dtype=w.dtype)
+    pad[:L_q, :L_k] = w
+    R, C = pad.shape[0] // f, pad.shape[1] // f
+    return pad.reshape(R, f, C, f).max(axis=(1, 3))  # (R*f, C*f) -> (R, f, C, f) -> (R, C)
+
+
+def _pick(name: str, chosen: Sequence[int] | None, count: int) -> list[int]:
+    if chosen is None:
+        return list(range(count))
+    out = [int(i) for i in chosen]
+    bad = [i for i in out if not 0 <= i < count]
+    if not out or bad:
+        raise ValueError(f"{name} must be a non-empty list of indices in 0..{count - 1}, "
+                         f"got {list(chosen)}")
+    return out
+
+
+def plot_heads(attentions: object, tokens: Sequence[str], *,
+               layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
+               title: str | None = None, cmap: str = "viridis") -> Figure:
+    """The model view: one thumbnail per layer (rows) and head (columns).
+
+    Each thumbnail is scaled to its own maximum, so patterns (diagonals, "attend to [SEP]",
+    "attend to the previous token") are comparable between heads. Long inputs are max-pooled
+    to at most 96 cells per side.
+
+    Args:
+        attentions: anything :func:`handformer.viz.data.as_attention_array` accepts, e.g. a
+            model output's ``.attentions``.
+        tokens: one string per query position (checked against the weights).
+        layers: layer indices to show (default all).
+        heads: head indices to show (default all).
+        title: the figure title.
+        cmap: a matplotlib colour map name.
+
+    Returns:
+        The :class:`~matplotlib.figure.Figure`.
+
+    Raises:
+        ValueError: for indices out of range or a token count that does not match.
+    """
+    x = as_attention_array(attentions)  # (N, H, L_q, L_k)
+    N, H, L_q, L_k = x.shape
+    check_tokens(tokens, L_q)
+    rows, cols = _pick("layers", layers, N), _pick("heads", heads, H)
+    thumbs = [[_pool(x[n, h], 96) for h in cols] for n in rows]
+    R, C = thumbs[0][0].shape
+    gap = max(1, max(R, C) // 8)
+    mosaic = np.full((len(rows) * (R + gap) - gap, len(cols) * (C + gap) - gap), np.nan)
+    for a, row in enumerate(thumbs):
+        for b, t in enumerate(row):
+            peak = float(t.max())
+            mosaic[a * (R + gap):a * (R + gap) + R, b * (C + gap):b * (C + gap) + C] = (
+                t / peak if peak > 0 else t)
+    cell = 0.75 if len(cols) > 8 else 1.1
+    fig = _new_figure(min(max(cell * len(cols) + 1.6, 4.0), 20.0),
+                      min(max(cell * len(rows) * R / C + 1.4, 3.0), 20.0))
+    ax = fig.add_subplot(1, 1, 1)
+    colours = _colormap(cmap).with_extremes(bad="white")
+    ax.imshow(mosaic, cmap=colours, vmin=0.0, vmax=1.0, interpolation="nearest")
+    ax.set_xticks([b * (C + gap) + (C - 1) / 2 for b in range(len(cols))])
+    ax.set_xticklabels([str(h) for h in cols], fontsize=9)
+    ax.xaxis.tick_top()
+    ax.xaxis.set_label_position("top")
+    ax.set_xlabel("head")
+    ax.set_yticks([a * (R + gap) + (R - 1) / 2 for a in range(len(rows))])
+    ax.set_yticklabels([str(n) for n in rows], fontsize=9)
+    ax.set_ylabel("layer")
+    ax.tick_params(length=0)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    fig.suptitle(title or f"Every head, each scaled to its maximum ({L_q} tokens)", fontsize=11)
+    return fig
+
+
+def _colormap(name: str):  # noqa: ANN202 - matplotlib Colormap
+    import matplotlib
+
+    return matplotlib.colormaps[name]
+
+
+def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
+    """Save ``fig`` as PNG atomically at the figure's own size and DPI; returns the path."""
+    return write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=fig.dpi))
