@@ -14,7 +14,9 @@ import sys
 # ``run(args) -> int``.
 COMMANDS = [
     "handformer.commands.demo",
+    "handformer.commands.train",
     "handformer.commands.embed",
+    "handformer.commands.viz",
 ]
 
 
