@@ -6,11 +6,13 @@ attention variants and attention maps you can look at.
 
 from handformer import interop, masks
 from handformer.attention import AttentionKind, FullAttention, scaled_dot_product_attention
-from handformer.layers import EncoderLayer, FeedForward, MultiHeadAttention
-from handformer.models.encoder import Encoder, EncoderOutput
-from handformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from handformer.decoder_layer import DecoderLayer
+from handformer.layers import EncoderLayer, FeedForward, MultiHeadAttention
 from handformer.models.causal_lm import CausalLM, CausalLMConfig, CausalLMOutput
+from handformer.models.decoder import Decoder, DecoderOutput
+from handformer.models.encoder import Encoder, EncoderOutput
+from handformer.models.transformer import Transformer, TransformerOutput
+from handformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from handformer.positional_rotary import ALiBi, RotaryEmbedding
 
 __version__ = "0.1.0"
@@ -32,6 +34,10 @@ __all__ = [
     "CausalLM",
     "CausalLMConfig",
     "CausalLMOutput",
+    "Decoder",
+    "DecoderOutput",
+    "Transformer",
+    "TransformerOutput",
     "RotaryEmbedding",
     "ALiBi",
 ]

@@ -106,6 +106,8 @@ def _mha_to_torch(m: MultiHeadAttention) -> nn.MultiheadAttention:
         raise ValueError(
             f"to_torch: torch.nn.MultiheadAttention has no {type(m.attention).__name__}"
         )
+    if getattr(m, "rotary", None) is not None:
+        raise ValueError("to_torch: torch.nn.MultiheadAttention has no rotary embedding")
     bias = m.q_proj.bias is not None
     out = nn.MultiheadAttention(m.d_model, m.num_heads, dropout=m.dropout, bias=bias,
                                 kdim=m.kdim, vdim=m.vdim, batch_first=True)
@@ -178,3 +180,6 @@ FROM_TORCH[nn.MultiheadAttention] = _mha_from_torch
 FROM_TORCH[nn.TransformerEncoderLayer] = _encoder_layer_from_torch
 TO_TORCH[MultiHeadAttention] = _mha_to_torch
 TO_TORCH[EncoderLayer] = _encoder_layer_to_torch
+
+# The decoder side (TransformerDecoderLayer, TransformerDecoder, Transformer) registers itself.
+from handformer import interop_decoder  # noqa: E402, F401
