@@ -5,7 +5,19 @@ attention variants and attention maps you can look at.
 """
 
 from handformer import interop, masks
-from handformer.attention import AttentionKind, FullAttention, scaled_dot_product_attention
+from handformer.attention import (
+    AttentionKind,
+    FullAttention,
+    LinearAttention,
+    LinearAttentionState,
+    LocalAttention,
+    StridedAttention,
+    linear_attention,
+    linear_attention_step,
+    local_attention,
+    scaled_dot_product_attention,
+    strided_attention,
+)
 from handformer.decoder_layer import DecoderLayer
 from handformer.layers import EncoderLayer, FeedForward, MultiHeadAttention
 from handformer.models.causal_lm import CausalLM, CausalLMConfig, CausalLMOutput
@@ -23,6 +35,14 @@ __all__ = [
     "scaled_dot_product_attention",
     "AttentionKind",
     "FullAttention",
+    "local_attention",
+    "LocalAttention",
+    "strided_attention",
+    "StridedAttention",
+    "linear_attention",
+    "linear_attention_step",
+    "LinearAttention",
+    "LinearAttentionState",
     "MultiHeadAttention",
     "FeedForward",
     "EncoderLayer",

@@ -2,5 +2,25 @@
 
 from handformer.attention.functional import scaled_dot_product_attention
 from handformer.attention.kinds import AttentionKind, FullAttention
+from handformer.attention.linear import (
+    LinearAttention,
+    LinearAttentionState,
+    linear_attention,
+    linear_attention_step,
+)
+from handformer.attention.local import LocalAttention, local_attention
+from handformer.attention.sparse import StridedAttention, strided_attention
 
-__all__ = ["scaled_dot_product_attention", "AttentionKind", "FullAttention"]
+__all__ = [
+    "scaled_dot_product_attention",
+    "AttentionKind",
+    "FullAttention",
+    "local_attention",
+    "LocalAttention",
+    "strided_attention",
+    "StridedAttention",
+    "linear_attention",
+    "linear_attention_step",
+    "LinearAttention",
+    "LinearAttentionState",
+]

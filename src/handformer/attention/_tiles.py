@@ -1,0 +1,209 @@
+"""Tiled softmax attention over a band of keys: the engine of local and strided attention.
+
+Query ``i`` sits at key position ``p = i + pos_offset``; it may attend key ``j`` iff
+``key_start <= j < key_stop`` and ``lo <= j - p <= hi`` (``None`` = unbounded), further
+restricted by a user mask. Queries are processed in blocks of :data:`BLOCK` rows; each block
+only multiplies against the contiguous key range its band can reach, so the score tile is
+``BLOCK x (BLOCK + hi - lo)`` and stays in cache. Nothing of size ``L_q x L_k`` is built unless
+the dense weights are asked for.
+
+Each call returns a :class:`Partial`: the output normalised over the allowed keys, optionally
+the log-sum-exp of the allowed scores (``-inf`` for rows with no allowed key), which lets
+several disjoint partials be merged into one softmax (:func:`merge_partials`), and optionally
+the dense weights.
+
+Shape letters: ``L_q`` queries, ``L_k`` keys, ``D`` head dim, ``D_v`` value dim, ``n`` rows of a
+block, ``m`` keys of a block; leading batch dims ``...``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["BLOCK", "Partial", "prepare", "as_2d_mask", "mask_tile", "tile_softmax",
+           "band_partial", "merge_partials"]
+
+BLOCK = 128  # query rows per tile; measured best on the 2-core CPU (see design.md)
+
+
+@dataclass
+class Partial:
+    """Softmax attention restricted to one set of keys.
+
+    Attributes:
+        out: ``(..., L_q, D_v)`` output normalised over this set (zeros for empty rows).
+        lse: ``(..., L_q, 1)`` log-sum-exp of the allowed scores (``-inf`` if empty), or None.
+        weights: ``(..., L_q, L_k)`` dense weights normalised over this set, or None.
+    """
+
+    out: Tensor
+    lse: Tensor | None = None
+    weights: Tensor | None = None
+
+
+def prepare(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Scale ``q`` by ``1/sqrt(D)`` and cast half inputs to float32 (softmax precision)."""
+    compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    return q.to(compute) * scale, k.to(compute), v.to(compute)
+
+
+def as_2d_mask(mask: Tensor | None) -> Tensor | None:
+    """Give a mask at least two dims, so its last two are always ``(L_q or 1, L_k or 1)``."""
+    if mask is None or mask.dim() >= 2:
+        return mask
+    return mask.reshape((1,) * (2 - mask.dim()) + tuple(mask.shape))  # (..., 1|L_q, 1|L_k)
+
+
+def mask_tile(mask: Tensor | None, r0: int, r1: int, c0: int, c1: int) -> Tensor | None:
+    """Rows ``r0:r1`` and columns ``c0:c1`` of a broadcastable mask (size-1 dims kept)."""
+    if mask is None:
+        return None
+    if mask.shape[-2] != 1:
+        mask = mask[..., r0:r1, :]
+    if mask.shape[-1] != 1:
+        mask = mask[..., c0:c1]
+    return mask
+
+
+def tile_softmax(scores: Tensor, allowed: Tensor | None, user: Tensor | None,
+                 need_lse: bool) -> tuple[Tensor, Tensor | None]:
+    """Masked softmax of one score tile, in place on ``scores``.
+
+    Args:
+        scores: ``(..., n, m)`` scaled scores (modified in place).
+        allowed: bool pattern broadcastable to ``scores`` (None = all allowed).
+        user: the user's mask tile: bool (True = may attend) or float bias, or None.
+        need_lse: also return the log-sum-exp over the allowed entries.
+
+    Returns:
+        ``(weights, lse)``; rows with no allowed entry get zero weights and ``lse = -inf``.
+    """
+    float_bias = user is not None and user.dtype != torch.bool
+    if user is not None and not float_bias:
+        allowed = user if allowed is None else allowed & user
+    if float_bias:
+        scores.add_(user)
+    if allowed is not None:
+        scores.masked_fill_(~allowed, float("-inf"))
+    if float_bias:
+        empty = torch.isneginf(scores).all(dim=-1, keepdim=True)  # (..., n, 1)
+    elif allowed is not None:
+        empty = ~allowed.any(dim=-1, keepdim=True)  # (..., n, 1)
+    else:
+        empty = None
+    if empty is not None and bool(empty.any()):
+        scores.masked_fill_(empty, 0.0)  # a finite row: no NaN in softmax or its gradient
+    else:
+        empty = None
+    weights = torch.softmax(scores, dim=-1)
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True) if need_lse else None  # (..., n, 1)
+    if empty is not None:
+        weights = weights.masked_fill(empty, 0.0)
+        if lse is not None:
+            lse = lse.masked_fill(empty, float("-inf"))
+    return weights, lse
+
+
+def band_partial(q: Tensor, k: Tensor, v: Tensor, *, pos_offset: int, lo: int | None,
+                 hi: int | None, key_start: int = 0, key_stop: int | None = None,
+                 mask: Tensor | None = None, need_lse: bool = False,
+                 need_weights: bool = False, block: int = BLOCK) -> Partial:
+    """Softmax attention over the band ``lo <= j - p <= hi``, ``key_start <= j < key_stop``.
+
+    Args:
+        q: prepared queries ``(..., L_q, D)`` (see :func:`prepare`).
+        k: keys ``(..., L_k, D)``; v: values ``(..., L_k, D_v)``.
+        pos_offset: key position of query 0 (``p = i + pos_offset``).
+        lo, hi: band limits on ``j - p`` (None = unbounded).
+        key_start, key_stop: the key range (default all keys).
+        mask: user mask, at least 2-D, broadcastable to ``(..., L_q, L_k)``.
+        need_lse: also return the log-sum-exp per row (for :func:`merge_partials`).
+        need_weights: also return dense ``(..., L_q, L_k)`` weights.
+        block: query rows per tile.
+
+    Returns:
+        A :class:`Partial`.
+    """
+    L_q, L_k = q.shape[-2], k.shape[-2]
+    key_stop = L_k if key_stop is None else min(key_stop, L_k)
+    key_start = max(key_start, 0)
+    batch = q.shape[:-2]
+    outs, lses, weights = [], [], []
+    templates: dict[tuple[int, int, int], Tensor | None] = {}
+    for r0 in range(0, L_q, block):
+        r1 = min(r0 + block, L_q)
+        n = r1 - r0
+        p0, p1 = r0 + pos_offset, r1 - 1 + pos_offset  # first and last query position
+        c0 = key_start if lo is None else max(key_start, p0 + lo)
+        c1 = key_stop if hi is None else min(key_stop, p1 + hi + 1)
+        if c1 <= c0:  # no key reachable from this block
+            outs.append(v.new_zeros(*batch, n, v.shape[-1]))  # (..., n, D_v)
+            if need_lse:
+                lses.append(q.new_full((*batch, n, 1), float("-inf")))  # (..., n, 1)
+            if need_weights:
+                weights.append(q.new_zeros(*batch, n, L_k))  # (..., n, L_k)
+            continue
+        shift = c0 - p0  # j - p of the tile's top-left entry
+        key = (n, c1 - c0, shift)
+        if key not in templates:
+            templates[key] = _band_template(n, c1 - c0, shift, lo, hi, q.device)
+        scores = torch.matmul(q[..., r0:r1, :], k[..., c0:c1, :].transpose(-2, -1))
+        # scores: (..., n, m)
+        w, lse = tile_softmax(scores, templates[key], mask_tile(mask, r0, r1, c0, c1), need_lse)
+        outs.append(torch.matmul(w, v[..., c0:c1, :]))  # (..., n, D_v)
+        if need_lse:
+            lses.append(lse)
+        if need_weights:
+            weights.append(F.pad(w, (c0, L_k - c1)))  # (..., n, L_k)
+    out = torch.cat(outs, dim=-2) if outs else v.new_zeros(*batch, 0, v.shape[-1])
+    return Partial(
+        out=out,  # (..., L_q, D_v)
+        lse=torch.cat(lses, dim=-2) if need_lse and lses else None,  # (..., L_q, 1)
+        weights=torch.cat(weights, dim=-2) if need_weights and weights else None,
+    )
+
+
+def _band_template(n: int, m: int, shift: int, lo: int | None, hi: int | None,
+                   device: torch.device) -> Tensor | None:
+    """Bool ``(n, m)`` band for a tile whose entry ``(0, 0)`` has ``j - p = shift``."""
+    lo_in = lo is None or shift - (n - 1) >= lo  # smallest j - p in the tile
+    hi_in = hi is None or shift + (m - 1) <= hi  # largest j - p in the tile
+    if lo_in and hi_in:
+        return None  # the whole tile is inside the band
+    rel = torch.arange(m, device=device) - torch.arange(n, device=device).unsqueeze(-1) + shift
+    # rel: (n, m), j - p of every entry
+    allowed = torch.ones(n, m, dtype=torch.bool, device=device)
+    if not lo_in:
+        allowed &= rel >= lo
+    if not hi_in:
+        allowed &= rel <= hi
+    return allowed
+
+
+def merge_partials(parts: list[Partial]) -> Partial:
+    """Combine partials over disjoint key sets into one softmax.
+
+    ``out = sum_p exp(lse_p - lse) * out_p`` with ``lse = log sum_p exp(lse_p)``; rows empty in
+    every partial stay zero, without NaN in the output or the gradients.
+    """
+    lses = torch.stack([p.lse for p in parts])  # (P, ..., L_q, 1)
+    top = lses.amax(dim=0).detach()  # (..., L_q, 1), only for stability
+    empty = torch.isneginf(top)
+    top = top.masked_fill(empty, 0.0)
+    total = torch.exp(lses - top).sum(dim=0)  # (..., L_q, 1)
+    lse = top + torch.log(total.masked_fill(empty, 1.0))  # finite everywhere
+    out, weights = None, None
+    for part in parts:
+        factor = torch.exp(part.lse - lse)  # (..., L_q, 1); 0 for empty parts
+        term = part.out * factor
+        out = term if out is None else out + term
+        if part.weights is not None:
+            wterm = part.weights * factor
+            weights = wterm if weights is None else weights + wterm
+    return Partial(out=out, lse=lse.masked_fill(empty, float("-inf")), weights=weights)

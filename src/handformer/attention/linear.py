@@ -1,0 +1,335 @@
+"""Linear (kernel) attention: non-causal, causal in chunks, and a recurrent step.
+
+Pattern and formula (positions aligned bottom-right: query ``i`` sits at key position
+``p = i + L_k - L_q``)::
+
+    out_i = sum_j phi(q_i) . phi(k_j) v_j / (sum_j phi(q_i) . phi(k_j) + eps)
+
+over the allowed keys ``j``: all of them, or ``j <= p`` when ``causal``, minus the keys a key
+mask removes. ``phi(x) = elu(x) + 1`` by default (positive, so the denominator is positive),
+``"relu"``, or any callable. No softmax and no ``1/sqrt(D)`` scale: the kernel replaces them.
+
+Complexity: because ``phi(q_i) . phi(k_j)`` factorises, the keys are summarised once into the
+state ``S = sum_j phi(k_j) v_j^T`` ``(D, D_v)`` and ``z = sum_j phi(k_j)`` ``(D,)``:
+
+* non-causal: ``O((L_q + L_k) * D * D_v)`` time, ``O(D * D_v)`` extra memory;
+* causal: in chunks of :data:`CHUNK` positions, quadratic inside a chunk and a running state
+  between chunks: ``O(L * CHUNK * D + L * D * D_v)`` time. Chunks are processed a group at a
+  time so the intermediate tensors stay small;
+* :func:`linear_attention_step`: the recurrent form for decoding, ``O(D * D_v)`` per token
+  with a constant-size :class:`LinearAttentionState`.
+
+States and sums are accumulated in float32 (float64 for float64 inputs), whatever the input
+dtype. The state can only drop *keys*, so ``mask`` must be a key mask broadcastable to
+``(..., 1, L_k)``: a boolean one removes keys, a floating one multiplies each key's kernel by
+``exp(bias)`` (``0`` keeps, ``-inf`` removes: the same effect an additive bias has on softmax
+weights before normalisation). A per-query mask raises ``ValueError``.
+
+How it differs from the seed's ``linear_attention`` (section 7 of the tutorial): the seed uses
+``q`` and ``k`` themselves as features (no positive feature map), so ``q_i . sum_j k_j`` -- its
+denominator -- is often negative or near zero, and its "weights" are not a distribution (the
+output can blow up or flip sign). It has no causal form and no masks, and assumes a
+``(B, L, H, D)`` layout, unlike the rest of the tutorial.
+
+Shape letters: ``L_q`` queries, ``L_k`` keys, ``T`` new tokens of a step, ``D`` head dim,
+``D_v`` value dim, ``n_c`` chunks, ``C`` chunk length; leading batch dims ``...``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from handformer.attention.functional import check_qkv
+from handformer.attention.kinds import AttentionKind
+from handformer.attention.local import check_no_dropout
+from handformer.masks import causal_mask, check_mask
+
+__all__ = ["linear_attention", "linear_attention_step", "LinearAttentionState",
+           "LinearAttention", "feature_map_fn"]
+
+FeatureMap = str | Callable[[Tensor], Tensor]
+CHUNK = 64  # positions per causal chunk
+_GROUP = 16  # chunks processed together
+
+
+def _elu_plus_one(x: Tensor) -> Tensor:
+    return F.elu(x) + 1.0
+
+
+def feature_map_fn(feature_map: FeatureMap) -> Callable[[Tensor], Tensor]:
+    """The function ``phi`` for ``"elu"`` (``elu(x) + 1``), ``"relu"`` or a callable.
+
+    Raises:
+        ValueError: for an unknown name.
+        TypeError: for something neither a string nor callable.
+    """
+    if isinstance(feature_map, str):
+        if feature_map == "elu":
+            return _elu_plus_one
+        if feature_map == "relu":
+            return F.relu
+        raise ValueError(f"feature_map must be 'elu', 'relu' or a callable, got {feature_map!r}")
+    if callable(feature_map):
+        return feature_map
+    raise TypeError(
+        f"feature_map must be 'elu', 'relu' or a callable, got {type(feature_map).__name__}"
+    )
+
+
+def _check_eps(eps: object) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+        raise ValueError(f"eps must be a positive number (it keeps empty rows at 0), got {eps!r}")
+    return float(eps)
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _key_weights(mask: Tensor | None, score_shape: tuple[int, ...], dtype: torch.dtype
+                 ) -> Tensor | None:
+    """Check a key mask and return per-key multipliers ``(..., L_k, 1)`` (or None)."""
+    if mask is None:
+        return None
+    check_mask(mask, score_shape)
+    if mask.dim() >= 2 and mask.shape[-2] != 1:
+        raise ValueError(
+            f"linear attention takes only key masks broadcastable to (..., 1, L_k), got mask "
+            f"of shape {tuple(mask.shape)} for scores {score_shape}: it sums all allowed keys "
+            "into one state shared by every query, so it cannot give queries different key "
+            "sets. Use causal=True for causal masking, or a softmax kind for other patterns."
+        )
+    if mask.dim() < 2:
+        mask = mask.reshape((1,) * (2 - mask.dim()) + tuple(mask.shape))  # (..., 1, L_k)
+    mask = mask.transpose(-2, -1)  # (..., L_k, 1)
+    if mask.dtype == torch.bool:
+        return mask.to(dtype)
+    return torch.exp(mask.to(dtype))
+
+
+@dataclass
+class LinearAttentionState:
+    """Running sums of causal linear attention over the keys seen so far.
+
+    Attributes:
+        kv: ``S = sum_j phi(k_j) v_j^T``, ``(..., D, D_v)``, float32 (float64 for float64).
+        k_sum: ``z = sum_j phi(k_j)``, ``(..., D)``, same dtype.
+    """
+
+    kv: Tensor
+    k_sum: Tensor
+
+
+def _causal(fq: Tensor, fk: Tensor, v: Tensor, state: LinearAttentionState | None
+            ) -> tuple[Tensor, Tensor, LinearAttentionState]:
+    """Causal kernel sums for aligned queries/keys (query ``t`` sees keys ``<= t``).
+
+    Args:
+        fq: ``phi(q)`` ``(..., n, D)``; fk: ``phi(k)`` ``(..., n, D)``; v: ``(..., n, D_v)``,
+            all in the accumulation dtype.
+        state: sums over earlier keys, seen by every query (None = empty).
+
+    Returns:
+        ``(num, den, state)``: ``num`` ``(..., n, D_v)``, ``den`` ``(..., n, 1)`` and the state
+        after the last key.
+    """
+    n, D, D_v = fq.shape[-2], fq.shape[-1], v.shape[-1]
+    batch = torch.broadcast_shapes(fq.shape[:-2], fk.shape[:-2], v.shape[:-2])
+    if state is None:
+        S = fq.new_zeros(*batch, D, D_v)  # (..., D, D_v)
+        z = fq.new_zeros(*batch, D)  # (..., D)
+    else:
+        S, z = state.kv, state.k_sum
+    C = CHUNK
+    n_c = math.ceil(n / C)
+    pad = n_c * C - n
+    fqc = F.pad(fq, (0, 0, 0, pad)).unflatten(-2, (n_c, C))  # (..., n_c, C, D)
+    fkc = F.pad(fk, (0, 0, 0, pad)).unflatten(-2, (n_c, C))  # (..., n_c, C, D)
+    vc = F.pad(v, (0, 0, 0, pad)).unflatten(-2, (n_c, C))  # (..., n_c, C, D_v)
+    nums, dens = [], []
+    for g0 in range(0, n_c, _GROUP):
+        g1 = min(g0 + _GROUP, n_c)
+        qg, kg, vg = fqc[..., g0:g1, :, :], fkc[..., g0:g1, :, :], vc[..., g0:g1, :, :]
+        kv = torch.matmul(kg.transpose(-2, -1), vg)  # (..., G, D, D_v)
+        ks = kg.sum(dim=-2)  # (..., G, D)
+        # state before each chunk of the group: S plus the sums of the earlier chunks
+        S_before = S.unsqueeze(-3) + F.pad(kv.cumsum(dim=-3)[..., :-1, :, :],
+                                           (0, 0, 0, 0, 1, 0))  # (..., G, D, D_v)
+        z_before = z.unsqueeze(-2) + F.pad(ks.cumsum(dim=-2)[..., :-1, :],
+                                           (0, 0, 1, 0))  # (..., G, D)
+        scores = torch.matmul(qg, kg.transpose(-2, -1)).tril()  # (..., G, C, C)
+        nums.append(torch.matmul(scores, vg) + torch.matmul(qg, S_before))  # (..., G, C, D_v)
+        dens.append(scores.sum(dim=-1, keepdim=True)
+                    + torch.matmul(qg, z_before.unsqueeze(-1)))  # (..., G, C, 1)
+        S = S + kv.sum(dim=-3)
+        z = z + ks.sum(dim=-2)
+    num = torch.cat(nums, dim=-3).flatten(-3, -2)[..., :n, :]  # (..., n, D_v)
+    den = torch.cat(dens, dim=-3).flatten(-3, -2)[..., :n, :]  # (..., n, 1)
+    return num, den, LinearAttentionState(kv=S, k_sum=z)
+
+
+def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
+                     mask: Tensor | None = None, feature_map: FeatureMap = "elu",
+                     eps: float = 1e-6, need_weights: bool = False
+                     ) -> tuple[Tensor, Tensor | None]:
+    """Kernel attention ``phi(q) (phi(k)^T v) / (phi(q) . sum phi(k) + eps)``.
+
+    Args:
+        q: queries ``(..., L_q, D)``.
+        k: keys ``(..., L_k, D)``.
+        v: values ``(..., L_k, D_v)``.
+        causal: only keys ``j <= p`` (bottom-right aligned), computed in chunks.
+        mask: key mask broadcastable to ``(..., 1, L_k)``: bool (True = may attend) or float
+            (each key's kernel is multiplied by ``exp(mask)``).
+        feature_map: ``"elu"`` (``elu(x) + 1``), ``"relu"`` or a callable ``phi``.
+        eps: added to the denominator (> 0); rows with no allowed key give 0.
+        need_weights: also return the dense normalised kernel matrix ``(..., L_q, L_k)``
+            whose product with ``v`` is ``out`` (``O(L_q * L_k)`` memory).
+
+    Returns:
+        ``(out, weights)``: ``out`` ``(..., L_q, D_v)`` in the input dtype; ``weights`` or
+        None.
+
+    Raises:
+        ValueError: for a mask that is not a key mask, mismatched shapes, or ``eps <= 0``.
+        TypeError: for non-floating inputs, a mask that is neither bool nor floating, or a
+            feature map that is neither a known name nor callable.
+    """
+    check_qkv(q, k, v)
+    phi = feature_map_fn(feature_map)
+    eps = _check_eps(eps)
+    L_q, L_k = q.shape[-2], k.shape[-2]
+    acc = _acc_dtype(q.dtype)
+    keep = _key_weights(mask, (*q.shape[:-2], L_q, L_k), acc)  # (..., L_k, 1) or None
+    fq = phi(q.to(acc))  # (..., L_q, D)
+    fk = phi(k.to(acc))  # (..., L_k, D)
+    if keep is not None:
+        fk = fk * keep
+    vc = v.to(acc)
+    if not causal:
+        S = torch.matmul(fk.transpose(-2, -1), vc)  # (..., D, D_v)
+        z = fk.sum(dim=-2, keepdim=True).transpose(-2, -1)  # (..., D, 1)
+        num, den = torch.matmul(fq, S), torch.matmul(fq, z)  # (..., L_q, D_v), (..., L_q, 1)
+    else:
+        off = L_k - L_q
+        if off >= 0:  # keys before the first query's position are seen by every query
+            prefix = LinearAttentionState(
+                kv=torch.matmul(fk[..., :off, :].transpose(-2, -1), vc[..., :off, :]),
+                k_sum=fk[..., :off, :].sum(dim=-2),
+            ) if off else None
+            num, den, _ = _causal(fq, fk[..., off:, :], vc[..., off:, :], prefix)
+        else:  # the first -off queries sit before key 0: they see nothing
+            num, den, _ = _causal(fq[..., -off:, :], fk, vc, None)
+            num = F.pad(num, (0, 0, -off, 0))  # (..., L_q, D_v)
+            den = F.pad(den, (0, 0, -off, 0))  # (..., L_q, 1)
+    out = (num / (den + eps)).to(v.dtype)  # (..., L_q, D_v)
+    weights = None
+    if need_weights:
+        kernel = torch.matmul(fq, fk.transpose(-2, -1))  # (..., L_q, L_k)
+        if causal:
+            kernel = kernel.masked_fill(~causal_mask(L_q, L_k, device=q.device), 0.0)
+        weights = (kernel / (kernel.sum(dim=-1, keepdim=True) + eps)).to(q.dtype)
+    return out, weights
+
+
+def linear_attention_step(q: Tensor, k: Tensor, v: Tensor,
+                          state: LinearAttentionState | None = None, *,
+                          mask: Tensor | None = None, feature_map: FeatureMap = "elu",
+                          eps: float = 1e-6) -> tuple[Tensor, LinearAttentionState]:
+    """Recurrent causal linear attention: attend from new tokens, then update the state.
+
+    For ``T`` new tokens (``T = 1`` when decoding one token at a time), new query ``t`` sees
+    every earlier key (through ``state``) and the new keys ``<= t``. Feeding a sequence in one
+    call or token by token gives the same outputs as ``linear_attention(..., causal=True)``.
+
+    Args:
+        q: new queries ``(..., T, D)``.
+        k: new keys ``(..., T, D)``.
+        v: new values ``(..., T, D_v)``.
+        state: the state returned by the previous call (None = no earlier keys).
+        mask: key mask for the new keys, broadcastable to ``(..., 1, T)`` (as in
+            :func:`linear_attention`); removed keys are not added to the state.
+        feature_map: as in :func:`linear_attention` (use the same one for every step).
+        eps: as in :func:`linear_attention`.
+
+    Returns:
+        ``(out, state)``: ``out`` ``(..., T, D_v)`` in the input dtype, and the new state
+        (float32, or float64 for float64 inputs). The old state is not modified.
+
+    Raises:
+        ValueError: if ``q`` and ``k`` differ in length, the state does not match the batch
+            and head dims, or for the errors of :func:`linear_attention`.
+    """
+    check_qkv(q, k, v)
+    phi = feature_map_fn(feature_map)
+    eps = _check_eps(eps)
+    T, D, D_v = q.shape[-2], q.shape[-1], v.shape[-1]
+    if k.shape[-2] != T:
+        raise ValueError(
+            f"a step attends from the new tokens to themselves and the state: q has T={T} "
+            f"tokens, k has {k.shape[-2]}"
+        )
+    acc = _acc_dtype(q.dtype)
+    if state is not None:
+        want = (*q.shape[:-2], D, D_v)
+        if tuple(state.kv.shape) != want or tuple(state.k_sum.shape) != want[:-1]:
+            raise ValueError(
+                f"state.kv {tuple(state.kv.shape)} / state.k_sum {tuple(state.k_sum.shape)} "
+                f"do not match the inputs: expected {want} and {want[:-1]}"
+            )
+        state = LinearAttentionState(kv=state.kv.to(acc), k_sum=state.k_sum.to(acc))
+    keep = _key_weights(mask, (*q.shape[:-2], T, T), acc)  # (..., T, 1) or None
+    fk = phi(k.to(acc))  # (..., T, D)
+    if keep is not None:
+        fk = fk * keep
+    num, den, new_state = _causal(phi(q.to(acc)), fk, v.to(acc), state)
+    return (num / (den + eps)).to(v.dtype), new_state
+
+
+class LinearAttention(AttentionKind):
+    """Linear (kernel) attention as an attention kind (see :func:`linear_attention`).
+
+    Args:
+        feature_map: ``"elu"`` (``elu(x) + 1``, default), ``"relu"`` or a callable ``phi``.
+        eps: denominator guard, > 0.
+
+    Raises:
+        ValueError: for an unknown feature-map name or ``eps <= 0``.
+        TypeError: for a feature map that is neither a string nor callable.
+    """
+
+    supports_dropout = False
+
+    def __init__(self, *, feature_map: FeatureMap = "elu", eps: float = 1e-6) -> None:
+        super().__init__()
+        feature_map_fn(feature_map)  # validate now, not at the first call
+        self.feature_map = feature_map
+        self.eps = _check_eps(eps)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
+                mask: Tensor | None = None, need_weights: bool = False,
+                dropout_p: float = 0.0) -> tuple[Tensor, Tensor | None]:
+        """See :func:`linear_attention`; ``dropout_p`` must be 0 (ValueError otherwise)."""
+        check_no_dropout(self, dropout_p)
+        return linear_attention(q, k, v, causal=causal, mask=mask, feature_map=self.feature_map,
+                                eps=self.eps, need_weights=need_weights)
+
+    def step(self, q: Tensor, k: Tensor, v: Tensor, state: LinearAttentionState | None = None,
+             *, mask: Tensor | None = None) -> tuple[Tensor, LinearAttentionState]:
+        """One recurrent step with this kind's feature map (see :func:`linear_attention_step`)."""
+        return linear_attention_step(q, k, v, state, mask=mask, feature_map=self.feature_map,
+                                     eps=self.eps)
+
+    def pattern(self, L_q: int, L_k: int, *, causal: bool = False) -> Tensor | None:
+        """``causal_mask(L_q, L_k)`` when causal, else None (every key)."""
+        return causal_mask(L_q, L_k) if causal else None
+
+    def extra_repr(self) -> str:
+        name = self.feature_map if isinstance(self.feature_map, str) else "<callable>"
+        return f"feature_map={name!r}, eps={self.eps}"

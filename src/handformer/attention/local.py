@@ -1,0 +1,122 @@
+"""Local (sliding-window) attention, computed in cache-sized blocks.
+
+Pattern (positions aligned bottom-right: query ``i`` sits at key position
+``p = i + L_k - L_q``): query ``i`` may attend key ``j`` iff ``|p - j| <= window_size // 2``,
+and ``j <= p`` when ``causal``; a ``mask`` restricts it further. Softmax attention with scale
+``1/sqrt(D)``. :func:`handformer.masks.window_mask` builds the same pattern densely.
+
+Complexity: queries are processed in blocks of 128; each block multiplies only against the
+``128 + window_size`` keys its band can reach, so time is ``O(L_q * (w + 128) * D)`` and the
+working memory beyond the output is one ``128 x (128 + w)`` score tile per head, not
+``L_q x L_k``. Small tiles matter on CPU: the tile stays in cache through the matmul,
+softmax and second matmul (one big batched call over all blocks was 2-3x slower on these
+machines). The dense ``(..., L_q, L_k)`` weights are built only when ``need_weights=True``.
+
+How it differs from the seed's ``local_attention`` (section 7 of the tutorial): the seed builds
+a full ``L x L`` mask holding ``1`` inside the window and ``-1e9`` outside, then its attention
+adds ``mask * -1e9``: every key *inside* the window gets ``-1e9`` and every key outside gets
+``+1e18``, so the window is the one place a query does not look. It also allocates ``L x L``
+scores, so it is never cheaper than full attention, and ignores ``L_q != L_k`` and causality.
+
+Shape letters: ``L_q`` queries, ``L_k`` keys, ``D`` head dim, ``D_v`` value dim, leading batch
+dims ``...``.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from handformer.attention._tiles import as_2d_mask, band_partial, prepare
+from handformer.attention.functional import check_qkv
+from handformer.attention.kinds import AttentionKind
+from handformer.masks import check_mask, window_mask
+
+__all__ = ["local_attention", "LocalAttention"]
+
+
+def _check_positive_int(name: str, value: object) -> int:
+    # The shared validator lives in handformer.layers, which imports this package: import it
+    # lazily so that either module can be imported first.
+    from handformer.layers import check_positive_int
+
+    return check_positive_int(name, value)
+
+
+def check_no_dropout(kind: AttentionKind, dropout_p: float) -> None:
+    """Raise ``ValueError`` if dropout is asked of a kind that does not apply it."""
+    if dropout_p != 0.0:
+        raise ValueError(
+            f"dropout_p={dropout_p}: {type(kind).__name__} does not apply dropout to its "
+            "weights; use dropout_p=0.0"
+        )
+
+
+def local_attention(q: Tensor, k: Tensor, v: Tensor, window_size: int, *, causal: bool = False,
+                    mask: Tensor | None = None, need_weights: bool = False
+                    ) -> tuple[Tensor, Tensor | None]:
+    """Sliding-window softmax attention: query at ``p`` sees keys ``|p - j| <= w // 2``.
+
+    Args:
+        q: queries ``(..., L_q, D)``.
+        k: keys ``(..., L_k, D)``.
+        v: values ``(..., L_k, D_v)``.
+        window_size: ``w >= 1``; a query sees ``w // 2`` keys on each side of its position
+            (so an even ``w`` behaves like ``w + 1``), and only the left side when causal.
+        causal: also require ``j <= p`` (bottom-right aligned).
+        mask: bool (True = may attend) or float (additive bias) mask broadcastable to
+            ``(..., L_q, L_k)``; it restricts the window further.
+        need_weights: also return the dense ``(..., L_q, L_k)`` weights (zeros outside the
+            window); this costs ``O(L_q * L_k)`` memory.
+
+    Returns:
+        ``(out, weights)``: ``out`` is ``(..., L_q, D_v)`` in the input dtype; rows with no
+        allowed key are zero. ``weights`` is None unless ``need_weights``.
+
+    Raises:
+        ValueError: for a ``window_size`` that is not a positive integer, mismatched shapes
+            or a mask that does not broadcast.
+        TypeError: for non-floating inputs or a mask that is neither bool nor floating.
+    """
+    check_qkv(q, k, v)
+    _check_positive_int("window_size", window_size)
+    L_q, L_k = q.shape[-2], k.shape[-2]
+    if mask is not None:
+        check_mask(mask, (*q.shape[:-2], L_q, L_k))
+    half = window_size // 2
+    qs, kc, vc = prepare(q, k, v)
+    part = band_partial(qs, kc, vc, pos_offset=L_k - L_q, lo=-half, hi=0 if causal else half,
+                        mask=as_2d_mask(mask), need_weights=need_weights)
+    weights = part.weights.to(q.dtype) if part.weights is not None else None
+    return part.out.to(v.dtype), weights
+
+
+class LocalAttention(AttentionKind):
+    """Sliding-window attention as an attention kind (see :func:`local_attention`).
+
+    Args:
+        window_size: ``w >= 1``; a query sees the keys within ``w // 2`` positions.
+
+    Raises:
+        ValueError: if ``window_size`` is not a positive integer.
+    """
+
+    supports_dropout = False
+
+    def __init__(self, window_size: int) -> None:
+        super().__init__()
+        self.window_size = _check_positive_int("window_size", window_size)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
+                mask: Tensor | None = None, need_weights: bool = False,
+                dropout_p: float = 0.0) -> tuple[Tensor, Tensor | None]:
+        """See :func:`local_attention`; ``dropout_p`` must be 0 (ValueError otherwise)."""
+        check_no_dropout(self, dropout_p)
+        return local_attention(q, k, v, self.window_size, causal=causal, mask=mask,
+                               need_weights=need_weights)
+
+    def pattern(self, L_q: int, L_k: int, *, causal: bool = False) -> Tensor:
+        """The dense bool ``(L_q, L_k)`` window pattern (:func:`handformer.masks.window_mask`)."""
+        return window_mask(L_q, L_k, self.window_size, causal=causal)
+
+    def extra_repr(self) -> str:
+        return f"window_size={self.window_size}"
