@@ -34,10 +34,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from handformer.attention.kinds import AttentionKind
+from handformer.attention.linear import LinearAttention, LinearAttentionState
+from handformer.attention.local import LocalAttention
 from handformer.masks import check_mask
 
 __all__ = [
@@ -260,28 +261,12 @@ class WindowKVCache(LayerCache):
         return out
 
 
-def _feature_map(attention: AttentionKind):  # noqa: ANN202 - returns a callable
-    """The kernel feature map ``phi`` and ``eps`` of a linear-attention kind."""
-    phi = getattr(attention, "phi", None) or getattr(attention, "feature_map", "elu")
-    if phi == "elu":
-        phi = _elu_plus_one
-    elif phi == "relu":
-        phi = F.relu
-    elif not callable(phi):
-        raise TypeError(f"unknown feature map {phi!r} on {type(attention).__name__}")
-    return phi, float(getattr(attention, "eps", 1e-6))
-
-
-def _elu_plus_one(x: Tensor) -> Tensor:
-    return F.elu(x) + 1.0
-
-
 class LinearStateCache(LayerCache):
     """The running state of causal linear attention: constant size.
 
     ``out_i = phi(q_i) . (S + sum_{j<=i} phi(k_j) v_j^T) / (phi(q_i) . (z + sum_{j<=i} phi(k_j))
-    + eps)``, with ``S = sum phi(k) v^T`` and ``z = sum phi(k)`` over all earlier tokens. New
-    tokens are processed as one chunk (quadratic inside the chunk), then added to the state.
+    + eps)``, with ``S = sum phi(k) v^T`` and ``z = sum phi(k)`` over all earlier tokens,
+    computed by the kind's recurrent :meth:`~handformer.attention.linear.LinearAttention.step`.
     Padded keys (mask False) are left out of the sums. The state is kept in float32.
     """
 
@@ -307,28 +292,14 @@ class LinearStateCache(LayerCache):
                 "need_weights=True with a linear-attention cache: the state S = sum phi(k) v^T "
                 "has no per-key weights; run without the cache to get attention maps"
             )
-        B, H, L_new, _ = q.shape
+        B, _, L_new, _ = q.shape
         keep_new = _new_key_mask(mask, B, L_new)
-        phi, eps = _feature_map(attention)
-        fq = phi(q.float())  # (B, H, L_new, D)
-        fk = phi(k.float())  # (B, H, L_new, D)
-        vf = v.float()  # (B, H, L_new, D_v)
-        if keep_new is not None:
-            fk = fk * keep_new[:, None, :, None]  # padded keys add nothing
-        scores = torch.matmul(fq, fk.transpose(-2, -1))  # (B, H, L_new, L_new)
-        scores = scores.tril()  # causal inside the chunk
-        num = torch.matmul(scores, vf)  # (B, H, L_new, D_v)
-        den = scores.sum(-1)  # (B, H, L_new)
-        if self.S is not None:
-            num = num + torch.matmul(fq, self.S)
-            den = den + torch.matmul(fq, self.z.unsqueeze(-1)).squeeze(-1)
-        out = num / (den.unsqueeze(-1) + eps)  # (B, H, L_new, D_v)
-        S_new = torch.matmul(fk.transpose(-2, -1), vf)  # (B, H, D, D_v)
-        z_new = fk.sum(dim=2)  # (B, H, D)
-        self.S = S_new if self.S is None else self.S + S_new
-        self.z = z_new if self.z is None else self.z + z_new
+        key_mask = None if keep_new is None else keep_new[:, None, None, :]  # (B, 1, 1, L_new)
+        state = None if self.S is None else LinearAttentionState(kv=self.S, k_sum=self.z)
+        out, state = attention.step(q, k, v, state, mask=key_mask)
+        self.S, self.z = state.kv, state.k_sum  # (B, H, D, D_v), (B, H, D)
         self.seen += L_new
-        return out.to(v.dtype), None
+        return out, None
 
 
 def cache_for(attention: AttentionKind) -> LayerCache:
@@ -342,10 +313,9 @@ def cache_for(attention: AttentionKind) -> LayerCache:
     """
     if not isinstance(attention, AttentionKind):
         raise TypeError(f"attention must be an attention kind, got {type(attention).__name__}")
-    name = type(attention).__name__
-    if name == "LocalAttention":
+    if isinstance(attention, LocalAttention):
         return WindowKVCache(attention.window_size)
-    if name == "LinearAttention":
+    if isinstance(attention, LinearAttention):
         return LinearStateCache()
     return KVCache()
 
