@@ -4,7 +4,7 @@
 (function () {
   const D = JSON.parse(document.getElementById("hf-data").textContent);
   const N = D.layers, H = D.heads, QT = D.tokens, KT = D.key_tokens || D.tokens;
-  const LQ = QT.length, LK = KT.length;
+  const LQ = QT.length, LK = KT.length, LEVELS = D.levels || 255;
   const $ = (id) => document.getElementById(id);
   const S = { view: "heat", layer: D.layer || 0, head: D.head || 0, heads: new Set(),
               query: null, hover: null, hoverKey: null, boost: false };
@@ -41,7 +41,7 @@
   // One head's matrix as floats, with its range; h < 0 means the mean over heads.
   function matrix(l, h) {
     if (h < 0) return meanMatrix(l);
-    const s = D.scale[l * H + h], lo = s[0], k = (s[1] - s[0]) / 255;
+    const s = D.scale[l * H + h], lo = s[0], k = (s[1] - s[0]) / LEVELS;
     const base = (l * H + h) * LQ * LK, m = new Float32Array(LQ * LK);
     for (let i = 0; i < LQ * LK; i++) m[i] = lo + W[base + i] * k;
     return { m: m, lo: Math.min(0, lo), hi: s[1] };
@@ -63,7 +63,7 @@
 
   function weight(l, h, i, j) {
     const s = D.scale[l * H + h];
-    return s[0] + W[((l * H + h) * LQ + i) * LK + j] * (s[1] - s[0]) / 255;
+    return s[0] + W[((l * H + h) * LQ + i) * LK + j] * (s[1] - s[0]) / LEVELS;
   }
 
   function colourIndex(v, lo, hi) {
