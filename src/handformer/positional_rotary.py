@@ -49,8 +49,6 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"base must be a number > 1, got {base!r}")
         self.dim = dim
         self.base = float(base)
-        inv_freq = self.base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (D/2,)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         """Rotate ``x: (B, H, L, D)`` at ``positions`` ``(B, L)`` or ``(L,)``."""
@@ -64,9 +62,12 @@ class RotaryEmbedding(nn.Module):
                 f"{tuple(x.shape)}"
             )
         compute = torch.float64 if x.dtype == torch.float64 else torch.float32
-        angles = positions.to(compute)[:, None, :, None] * self.inv_freq.to(compute)
-        # angles: (B, 1, L, D/2)
-        cos, sin = angles.cos(), angles.sin()
+        # Angles in float64: p * theta in float32 loses ~1e-4 rad at p ~ 2000.
+        # (Computed here, not kept as a buffer that model.to(float16) would round.)
+        inv_freq = self.base ** (-torch.arange(0, self.dim, 2, dtype=torch.float64,
+                                               device=x.device) / self.dim)  # (D/2,)
+        angles = positions.to(torch.float64)[:, None, :, None] * inv_freq  # (B, 1, L, D/2)
+        cos, sin = angles.cos().to(compute), angles.sin().to(compute)
         x1, x2 = x.to(compute).chunk(2, dim=-1)  # 2 x (B, H, L, D/2)
         out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)  # (B, H, L, D)
         return out.to(x.dtype)

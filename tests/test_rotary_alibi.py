@@ -1,0 +1,128 @@
+"""RoPE and ALiBi against their formulas, computed independently in float64."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import handformer as hf
+from handformer.positional_rotary import alibi_slopes
+
+
+def rope_reference(x: torch.Tensor, positions: list[int], base: float = 10000.0
+                   ) -> torch.Tensor:
+    """Rotate pairs (i, i + D/2) by angle p * base^(-2i/D), element by element."""
+    out = torch.empty_like(x, dtype=torch.float64)
+    D = x.shape[-1]
+    half = D // 2
+    for t, p in enumerate(positions):
+        for i in range(half):
+            angle = p * base ** (-2 * i / D)
+            a, b = x[..., t, i].double(), x[..., t, i + half].double()
+            out[..., t, i] = a * math.cos(angle) - b * math.sin(angle)
+            out[..., t, i + half] = b * math.cos(angle) + a * math.sin(angle)
+    return out
+
+
+@pytest.mark.parametrize("D, base", [(8, 10000.0), (6, 500.0)])
+def test_rope_matches_formula(D: int, base: float) -> None:
+    rope = hf.RotaryEmbedding(D, base=base)
+    q, k = torch.randn(2, 3, 5, D, dtype=torch.float64), torch.randn(2, 3, 5, D)
+    positions = [0, 1, 7, 100, 2047]
+    rq, rk = rope(q, k, torch.tensor(positions))
+    torch.testing.assert_close(rq, rope_reference(q, positions, base), atol=1e-12, rtol=0)
+    assert rk.dtype == torch.float32
+    torch.testing.assert_close(rk.double(), rope_reference(k, positions, base), atol=1e-5,
+                               rtol=1e-5)
+
+
+def test_rope_scores_depend_only_on_relative_position() -> None:
+    rope = hf.RotaryEmbedding(16)
+    q, k = torch.randn(1, 1, 1, 16, dtype=torch.float64), torch.randn(1, 1, 1, 16,
+                                                                       dtype=torch.float64)
+
+    def score(m: int, n: int) -> float:
+        return float((rope.rotate(q, torch.tensor([m])) * rope.rotate(k, torch.tensor([n])))
+                     .sum())
+
+    for m, n in [(3, 1), (10, 4), (0, 5)]:
+        assert score(m, n) == pytest.approx(score(m + 37, n + 37), abs=1e-10)
+    assert score(3, 1) != pytest.approx(score(3, 2), abs=1e-6)
+    rotated = rope.rotate(q, torch.tensor([123]))
+    assert float(rotated.norm()) == pytest.approx(float(q.norm()), abs=1e-12)  # a rotation
+
+
+def test_rope_default_positions_and_per_sequence_positions() -> None:
+    rope = hf.RotaryEmbedding(4)
+    q, k = torch.randn(2, 1, 3, 4), torch.randn(2, 1, 5, 4)
+    rq, rk = rope(q, k, offset=10)  # keys at 10..14, queries aligned to the last three
+    torch.testing.assert_close(rk, rope.rotate(k, torch.arange(10, 15)))
+    torch.testing.assert_close(rq, rope.rotate(q, torch.arange(12, 15)))
+    per_seq = torch.tensor([[0, 1, 2], [5, 6, 7]])
+    rq, _ = rope(q, q, per_seq)
+    torch.testing.assert_close(rq[1:], rope.rotate(q[1:], torch.tensor([5, 6, 7])))
+
+
+def test_rope_errors() -> None:
+    with pytest.raises(ValueError, match="dim must be even"):
+        hf.RotaryEmbedding(5)
+    with pytest.raises(ValueError, match="base must be a number > 1"):
+        hf.RotaryEmbedding(4, base=1)
+    with pytest.raises(ValueError, match="do not match the length"):
+        hf.RotaryEmbedding(4).rotate(torch.randn(1, 1, 3, 4), torch.arange(4))
+    with pytest.raises(ValueError, match="rotary dim is 4"):
+        hf.RotaryEmbedding(4).rotate(torch.randn(1, 1, 3, 6), torch.arange(3))
+
+
+def test_rotary_attention_matches_a_float64_reference() -> None:
+    E, H = 16, 2
+    D = E // H
+    mha = hf.MultiHeadAttention(E, H, rotary=hf.RotaryEmbedding(D)).double()
+    x = torch.randn(2, 6, E, dtype=torch.float64)
+    out, _ = mha(x, causal=True)
+    q = mha.q_proj(x).view(2, 6, H, D).transpose(1, 2)
+    k = mha.k_proj(x).view(2, 6, H, D).transpose(1, 2)
+    v = mha.v_proj(x).view(2, 6, H, D).transpose(1, 2)
+    q, k = rope_reference(q, list(range(6))), rope_reference(k, list(range(6)))
+    scores = q @ k.transpose(-1, -2) / math.sqrt(D)
+    scores = scores.masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), -math.inf)
+    ref = mha.out_proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 6, E))
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("H, expected", [
+    (8, [2.0 ** -(i + 1) for i in range(8)]),
+    (4, [2.0 ** -(2 * (i + 1)) for i in range(4)]),
+    (6, [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8, 2.0 ** -1, 2.0 ** -3]),
+    (1, [2.0 ** -8]),
+])
+def test_alibi_slopes(H: int, expected: list[float]) -> None:
+    torch.testing.assert_close(alibi_slopes(H), torch.tensor(expected, dtype=torch.float64))
+
+
+def test_alibi_bias_and_attention_match_formula() -> None:
+    H, L_q, L_k = 4, 3, 7
+    alibi = hf.ALiBi(H)
+    bias = alibi(L_q, L_k, dtype=torch.float64)
+    slopes = alibi_slopes(H).tolist()
+    ref = torch.empty(H, L_q, L_k, dtype=torch.float64)
+    for h in range(H):
+        for i in range(L_q):
+            p = i + L_k - L_q
+            for j in range(L_k):
+                ref[h, i, j] = -slopes[h] * abs(p - j)
+    torch.testing.assert_close(bias, ref, atol=0, rtol=0)
+    q, k, v = (torch.randn(2, H, n, 8, dtype=torch.float64) for n in (L_q, L_k, L_k))
+    out, w = hf.scaled_dot_product_attention(q, k, v, bias, causal=True, need_weights=True)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(8)
+    for h in range(H):  # the paper's causal form: + m_h * (j - p) on j <= p
+        for i in range(L_q):
+            p = i + L_k - L_q
+            for j in range(L_k):
+                scores[:, h, i, j] += slopes[h] * (j - p) if j <= p else -math.inf
+    torch.testing.assert_close(w, scores.softmax(-1), atol=1e-12, rtol=0)
+    torch.testing.assert_close(out, scores.softmax(-1) @ v, atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="num_heads must be a positive integer"):
+        hf.ALiBi(0)
