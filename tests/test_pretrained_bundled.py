@@ -35,8 +35,9 @@ def compare(ours, ref, enc: dict[str, torch.Tensor]) -> None:
     torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, atol=ATOL, rtol=0)
     torch.testing.assert_close(got.pooler_output, want.pooler_output, atol=ATOL, rtol=0)
     assert len(got.attentions) == len(want.attentions) == 6
+    B, L = enc["input_ids"].shape
     for g, w in zip(got.attentions, want.attentions, strict=True):
-        assert g.shape == w.shape == (enc["input_ids"].shape[0], 12, *enc["input_ids"].shape[1:] * 2)
+        assert g.shape == w.shape == (B, 12, L, L)
         torch.testing.assert_close(g, w, atol=ATOL, rtol=0)
 
 

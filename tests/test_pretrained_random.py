@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 import transformers
-from pretrained_util import tiny_checkpoint
 
 from handformer import FullAttention
 from handformer.attention.kinds import AttentionKind
 from handformer.pretrained import BertConfig, BertModel, BertTokenizer, embed, load_bert
+from pretrained_util import tiny_checkpoint
 
 ATOL = 1e-5
 
