@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test bench lint docs clean install test-deps
+.PHONY: demo test bench lint docs clean install test-deps browser-deps
 
 $(VENV)/.installed: pyproject.toml requirements/torch.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,9 +23,20 @@ install: $(VENV)/.installed
 test-deps: $(VENV)/.test-installed
 
 demo: $(VENV)/.installed
-	$(VENV)/bin/handformer demo
+	$(VENV)/bin/handformer viz "The animal didn't cross the street because it was too tired"
 
-test: $(VENV)/.test-installed
+# Headless Chromium + chromedriver for tests/test_viewer_browser.py (Debian packages).
+browser-deps:
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then \
+	  :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver; \
+	else \
+	  echo "warning: the browser test needs chromium and chromedriver:" \
+	       "sudo apt-get install -y chromium chromium-driver" >&2; \
+	fi
+
+test: $(VENV)/.test-installed browser-deps
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(PY) -m pytest -q
 
