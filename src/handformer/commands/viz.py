@@ -143,7 +143,12 @@ def run(args: argparse.Namespace) -> int:
         head = (best.link[0] if best else 0) if head is None else head
 
     model_name = "all-MiniLM-L6-v2" if args.model is None else Path(args.model).name
-    pattern = kind if kind is not None and args.attention != "linear" else None
+    pattern: object = kind  # local / strided: the kind draws its own pattern
+    pattern_label = kind_text.capitalize()
+    if args.attention == "linear":  # every key is reachable; the point is the cost
+        pattern = torch.ones(L, L, dtype=torch.bool)
+        pattern_label = ("Linear attention: every query reaches every key, yet the L x L "
+                         "matrix is never formed (cost grows as L·D², not L²·D)")
     title = f"{model_name}: layer {layer}, head {head} ({kind_text})"
     head_png = save_figure(plot_attention(attentions[layer][0, head], tokens, title=title,
                                           pattern=pattern), out / "head.png")
@@ -152,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
                             out / "model.png")
     html_path = save_html(attentions, tokens, out / "index.html",
                           title=f"Attention of {model_name}: {text[:60]}",
-                          pattern=pattern, pattern_label=kind_text.capitalize(),
+                          pattern=pattern, pattern_label=pattern_label,
                           note=f"{model_name} · {kind_text}", layer=layer, head=head)
 
     for path in (head_png, model_png, html_path):

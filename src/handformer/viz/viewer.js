@@ -328,19 +328,21 @@
     }
     // Lines: one per (head, query, key) above a threshold; alpha = weight.
     const thr = q !== null || k !== null ? 0.003 : (LQ > 64 ? 0.08 : 0.02);
-    ctx.lineWidth = 1.5;
-    heads.forEach(function (h) {
+    heads.forEach(function (h, n) {
       ctx.strokeStyle = headColour(h, 1);
+      // Each head's lines end at its own height within the row, so heads stay apart.
+      const dy = heads.length > 1 ? ((n + 0.5) / heads.length - 0.5) * hv.rowH * 0.8 : 0;
       for (let i = 0; i < LQ; i++) {
         if (q !== null && i !== q) continue;
         for (let j = 0; j < LK; j++) {
           if (q === null && k !== null && j !== k) continue;
           const v = weight(S.layer, h, i, j);
           if (v < thr) continue;
-          ctx.globalAlpha = Math.min(1, v * (heads.length > 1 ? 0.9 : 1.2));
+          ctx.globalAlpha = Math.min(1, 0.05 + 1.5 * v);
+          ctx.lineWidth = 0.5 + 3 * v;
           ctx.beginPath();
-          ctx.moveTo(x0, y(i));
-          ctx.lineTo(x1, y(j));
+          ctx.moveTo(x0, y(i) + dy);
+          ctx.lineTo(x1, y(j) + dy);
           ctx.stroke();
         }
       }

@@ -1,0 +1,228 @@
+"""The HTML viewer in a real browser: headless Chromium driven by selenium.
+
+Uses the system's ``/usr/bin/chromium`` and ``/usr/bin/chromedriver`` (Debian packages
+``chromium`` and ``chromium-driver``; ``make browser-deps`` installs them). Selenium is told
+where both are, and runs offline, so it never downloads a browser or a driver.
+"""
+
+import hashlib
+import io
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from matplotlib.image import imread
+
+from handformer.masks import window_mask
+from handformer.pretrained import load_bert
+from handformer.viz import AttentionView, save_html
+
+pytestmark = pytest.mark.browser
+
+SEED = "The animal didn't cross the street because it was too tired"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+
+
+@pytest.fixture(scope="module")
+def driver():
+    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+        pytest.fail("headless Chromium is missing: run `make browser-deps` (apt-get install "
+                    "chromium chromium-driver)")
+    os.environ["SE_OFFLINE"] = "true"  # selenium-manager must never download anything
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1300,950", "--disable-extensions"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    d = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    yield d
+    d.quit()
+
+
+@pytest.fixture(scope="module")
+def bert():
+    return load_bert()
+
+
+def run_model(bert, text):
+    model, tokenizer = bert
+    enc = tokenizer.encode([text])
+    with torch.inference_mode():
+        out = model(**tokenizer.pad(enc), need_weights=True)
+    return out.attentions, enc[0].tokens
+
+
+@pytest.fixture(scope="module")
+def seed(bert, tmp_path_factory):
+    attentions, tokens = run_model(bert, SEED)
+    path = tmp_path_factory.mktemp("viewer") / "index.html"
+    save_html(attentions, tokens, path, title="Seed sentence", layer=3, head=1)
+    return path, tokens, attentions
+
+
+def open_page(driver, path, timeout=30.0):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get_log("browser")  # drop entries from earlier pages
+    start = time.perf_counter()
+    driver.get(Path(path).resolve().as_uri())
+    WebDriverWait(driver, timeout).until(
+        lambda d: d.execute_script("return document.body.dataset.ready || null"))
+    return time.perf_counter() - start
+
+
+def severe(driver):
+    return [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def canvas_hash(driver, element_id):
+    url = driver.execute_script(f"return document.getElementById('{element_id}').toDataURL()")
+    return hashlib.sha256(url.encode()).hexdigest()
+
+
+def wait_for(driver, script, value, timeout=10.0):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, timeout).until(lambda d: d.execute_script(script) == value)
+
+
+def screenshot_pixels(driver):
+    return imread(io.BytesIO(driver.get_screenshot_as_png()), format="png")[..., :3]
+
+
+def test_seed_page_tokens_click_and_screenshot(driver, seed, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    path, tokens, _ = seed
+    open_page(driver, path)
+    assert driver.execute_script("return document.body.dataset.ready") == "1"
+    spans = driver.find_elements(By.CSS_SELECTOR, "#tokens .tok")
+    assert [s.text for s in spans] == tokens
+    assert all(s.is_displayed() for s in spans)
+    before = canvas_hash(driver, "heat")
+    it = tokens.index("it")
+    spans[it].click()
+    wait_for(driver, "return document.body.dataset.query", str(it))
+    assert canvas_hash(driver, "heat") != before  # the pinned row is drawn
+    assert "query" in spans[it].get_attribute("class")
+    # the sentence is coloured by where "it" looks (layer 3, head 1 looks at "animal")
+    animal = spans[tokens.index("animal")].value_of_css_property("background-color")
+    assert animal not in ("rgba(0, 0, 0, 0)", "transparent")
+    pixels = screenshot_pixels(driver)
+    assert pixels.std() > 0.1
+    assert len(np.unique(np.rint(pixels * 255).reshape(-1, 3), axis=0)) > 50
+    assert severe(driver) == []
+
+
+def test_head_view_and_model_view(driver, seed):
+    from selenium.webdriver.common.by import By
+
+    path, tokens, attentions = seed
+    open_page(driver, path)
+    driver.find_element(By.ID, "tab-head").click()
+    wait_for(driver, "return document.body.dataset.view", "head")
+    before = canvas_hash(driver, "lines")
+    spans = driver.find_elements(By.CSS_SELECTOR, "#tokens .tok")
+    spans[tokens.index("animal")].click()
+    wait_for(driver, "return document.body.dataset.query", str(tokens.index("animal")))
+    pinned = canvas_hash(driver, "lines")
+    assert pinned != before
+    driver.find_element(By.CSS_SELECTOR, '#head-chips [data-set="none"]').click()
+    driver.execute_script("return 0")
+    wait_for(driver, "return window.hfViewer.state.heads.size", 0)
+    time.sleep(0.2)  # the redraw runs on the next animation frame
+    assert canvas_hash(driver, "lines") != pinned  # no head selected: no lines
+
+    driver.find_element(By.ID, "tab-model").click()
+    wait_for(driver, "return document.body.dataset.view", "model")
+    thumbs = driver.find_elements(By.CSS_SELECTOR, "#grid canvas")
+    N, H = len(attentions), attentions[0].shape[1]
+    assert len(thumbs) == N * H
+    thumbs[2 * H + 5].click()  # layer 2, head 5 opens in the heat map
+    wait_for(driver, "return document.body.dataset.view", "heat")
+    assert driver.execute_script("return [window.hfViewer.state.layer, "
+                                 "window.hfViewer.state.head]") == [2, 5]
+    assert driver.find_element(By.ID, "layer").get_attribute("value") == "2"
+    assert severe(driver) == []
+
+
+def test_pattern_panel(driver, bert, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    attentions, tokens = run_model(bert, SEED)
+    L = len(tokens)
+    path = save_html(attentions, tokens, tmp_path / "p.html", pattern=window_mask(L, L, 5),
+                     pattern_label="Local attention, window 5")
+    open_page(driver, path)
+    panel = driver.find_element(By.ID, "pattern-panel")
+    assert panel.is_displayed()
+    caption = driver.find_element(By.ID, "pattern-caption").text
+    assert caption.startswith("Local attention, window 5.") and "instead of 15" in caption
+    empty = driver.execute_script(
+        "const c = document.createElement('canvas'); const p = document.getElementById('pattern');"
+        "c.width = p.width; c.height = p.height; return c.toDataURL()")
+    assert driver.execute_script(
+        "return document.getElementById('pattern').toDataURL()") != empty
+    assert severe(driver) == []
+
+
+def test_broken_data_is_reported(driver, seed, tmp_path):
+    # The JS-error check above can fail: a corrupt page logs SEVERE and shows the error.
+    page = seed[0].read_text(encoding="utf-8").replace('"encoding":"raw"', '"encoding":"zip"')
+    broken = tmp_path / "broken.html"
+    broken.write_text(page, encoding="utf-8")
+    open_page(driver, broken)
+    assert driver.execute_script("return document.body.dataset.ready") == "error"
+    assert severe(driver) != []
+
+
+def test_notebook_iframe(driver, seed, tmp_path):
+    path, tokens, attentions = seed
+    view = AttentionView(attentions, tokens, height=600)
+    wrapper = tmp_path / "notebook.html"
+    wrapper.write_text(f"<!DOCTYPE html><html><body>{view._repr_html_()}</body></html>",
+                       encoding="utf-8")
+    driver.get(wrapper.resolve().as_uri())
+    driver.switch_to.frame(0)
+    try:
+        wait_for(driver, "return document.body.dataset.ready || null", "1", timeout=30)
+        assert driver.execute_script(
+            "return Array.from(document.querySelectorAll('#tokens .tok'))"
+            ".map(e => e.textContent)") == tokens
+    finally:
+        driver.switch_to.default_content()
+    assert severe(driver) == []
+
+
+def test_512_tokens_size_and_open_time(driver, bert, tmp_path, capsys):
+    from selenium.webdriver.common.by import By
+
+    text = " ".join([SEED + "."] * 50)  # far more than 512 tokens: the tokenizer truncates
+    with pytest.warns(UserWarning, match="truncated to 512"):
+        attentions, tokens = run_model(bert, text)
+    assert len(tokens) == 512
+    path = save_html(attentions, tokens, tmp_path / "long.html")
+    size = path.stat().st_size
+    assert size < 10 * 1024 * 1024
+    seconds = open_page(driver, path)
+    in_page_ms = int(driver.execute_script("return document.body.dataset.openMs"))
+    with capsys.disabled():
+        print(f"\n[viewer] 512 tokens x {len(attentions)} layers x {attentions[0].shape[1]} "
+              f"heads: {size / 1e6:.2f} MB, opened in {seconds:.2f} s "
+              f"(ready {in_page_ms} ms after navigation start)")
+    spans = driver.find_elements(By.CSS_SELECTOR, "#tokens .tok")
+    assert len(spans) == 512
+    before = canvas_hash(driver, "heat")
+    spans[100].click()
+    wait_for(driver, "return document.body.dataset.query", "100")
+    assert canvas_hash(driver, "heat") != before
+    assert severe(driver) == []
