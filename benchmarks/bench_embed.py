@@ -1,0 +1,204 @@
+"""Sentence embeddings: handformer vs transformers' BertModel (sdpa), same process.
+
+Bundled all-MiniLM-L6-v2, CPU, float32. 256 sentences of ~20-60 tokens, batch 32;
+interleaved runs, median. Reported as throughput ratio = transformers time / handformer time
+(>= 1.0: handformer at least as fast). Three comparisons:
+
+* ``embed()`` end to end (tokenize, encode, mean-pool, normalise; it sorts texts by length
+  before batching, as sentence-transformers does) vs the plain transformers pipeline
+  (batches in input order) - the headline, target >= 1.0;
+* the same, with the transformers pipeline also sorting by length (same batching);
+* the model forward alone on identical padded batches.
+
+Loading: time and peak RSS growth of ``load_bert()`` in a fresh subprocess, beside the
+weights file size (target: growth <= 2x the file).
+
+Run: ``.venv/bin/python benchmarks/bench_embed.py`` (or ``make bench``);
+``HANDFORMER_BENCH_QUICK=1`` for a seconds-long smoke run.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import QUICK, interleaved, machine, machine_line, write_results  # noqa: E402
+from handformer.pretrained import bundled_model_dir, embed, load_bert  # noqa: E402
+
+N, BATCH, REPEATS = (16, 8, 1) if QUICK else (256, 32, 5)
+WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from "
+         "at which but have an they you were her she there one all we their time people year "
+         "way day thing man world life hand part child eye woman place work week case point "
+         "government company number group problem fact attention model sentence").split()
+
+
+def sentences(n: int, seed: int = 0) -> list[str]:
+    """``n`` sentences of 18-58 words (about 20-60 tokens with [CLS]/[SEP])."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(18, 58))) + "."
+            for _ in range(n)]
+
+
+def bench_throughput() -> dict[str, object]:
+    import transformers
+
+    texts = sentences(N)
+    model, tokenizer = load_bert()
+    folder = str(bundled_model_dir())
+    ref = transformers.BertModel.from_pretrained(folder, attn_implementation="sdpa").eval()
+    ref_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    lengths = [len(e.ids) for e in tokenizer.encode(texts)]
+
+    def reference(order: list[int]) -> torch.Tensor:
+        out = []
+        with torch.inference_mode():
+            for i in range(0, N, BATCH):
+                enc = ref_tok([texts[j] for j in order[i:i + BATCH]], padding=True,
+                              truncation=True, max_length=256, return_tensors="pt")
+                hidden = ref(**enc).last_hidden_state  # (B, L, E)
+                mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # (B, L, 1)
+                out.append(torch.nn.functional.normalize(
+                    (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9), dim=-1))
+        pooled = torch.cat(out)
+        return pooled[torch.argsort(torch.tensor(order))]
+
+    in_order = list(range(N))
+    by_length = sorted(in_order, key=lambda i: -lengths[i])
+    ours = embed(texts, model=model, tokenizer=tokenizer, batch_size=BATCH)
+    max_diff = (ours - reference(in_order)).abs().max().item()
+    end_to_end = interleaved({
+        "handformer": lambda: embed(texts, model=model, tokenizer=tokenizer,
+                                    batch_size=BATCH),
+        "transformers": lambda: reference(in_order),
+        "transformers_sorted": lambda: reference(by_length),
+    }, repeats=REPEATS)
+
+    batches = [tokenizer(texts[i:i + BATCH]) for i in range(0, N, BATCH)]
+
+    def forward(m: torch.nn.Module) -> None:
+        with torch.inference_mode():
+            for b in batches:
+                m(**b)
+
+    forward_only = interleaved({"handformer": lambda: forward(model),
+                                "transformers": lambda: forward(ref)}, repeats=REPEATS)
+    tokens = sum(lengths)
+    return {"sentences": N, "batch": BATCH, "tokens": tokens, "max_abs_diff": max_diff,
+            "end_to_end_s": end_to_end, "forward_s": forward_only,
+            "ratio_end_to_end": end_to_end["transformers"] / end_to_end["handformer"],
+            "ratio_end_to_end_sorted": (end_to_end["transformers_sorted"]
+                                        / end_to_end["handformer"]),
+            "ratio_forward": forward_only["transformers"] / forward_only["handformer"]}
+
+
+LOAD_SCRIPT = r"""
+import json, os, sys, time
+def status():
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmHWM", "VmRSS"):
+                out[key] = int(value.split()[0]) * 1024
+    return out
+import torch, tokenizers, safetensors
+which = sys.argv[1]
+if which == "handformer":
+    from handformer.pretrained import bundled_model_dir, load_bert
+    load = lambda: load_bert()
+else:
+    import transformers
+    from handformer.pretrained import bundled_model_dir
+    load = lambda: transformers.BertModel.from_pretrained(str(bundled_model_dir()))
+try:  # reset the peak so that it measures the load alone
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+except OSError:
+    pass
+before = status()
+start = time.perf_counter()
+model = load()
+seconds = time.perf_counter() - start
+after = status()
+print(json.dumps({"seconds": seconds, "rss_before": before["VmRSS"],
+                  "hwm_before": before["VmHWM"], "hwm_after": after["VmHWM"],
+                  "rss_after": after["VmRSS"]}))
+"""
+
+
+def bench_loading() -> dict[str, object]:
+    size = (bundled_model_dir() / "model.safetensors").stat().st_size
+    out: dict[str, object] = {"weights_bytes": size}
+    for which in ("handformer", "transformers"):
+        runs = []
+        for _ in range(1 if QUICK else 3):
+            proc = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, which], check=True,
+                                  capture_output=True, text=True)
+            runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        best = min(runs, key=lambda r: r["seconds"])
+        growth = max(r["hwm_after"] - r["rss_before"] for r in runs)
+        out[which] = {"seconds": best["seconds"], "peak_growth_bytes": growth,
+                      "growth_over_weights": growth / size}
+    return out
+
+
+def main() -> int:
+    torch.manual_seed(0)
+    speed = bench_throughput()
+    load = bench_loading()
+    mib = 2**20
+    ours, theirs = load["handformer"], load["transformers"]
+    speed_met = speed["ratio_end_to_end"] >= 1.0
+    memory_met = ours["growth_over_weights"] <= 2.0
+    e2e, fwd = speed["end_to_end_s"], speed["forward_s"]
+    rows = [
+        ("embed() vs transformers pipeline (input order)", e2e["handformer"],
+         e2e["transformers"], speed["ratio_end_to_end"], "≥ 1.0", speed_met),
+        ("embed() vs transformers pipeline (sorted by length)", e2e["handformer"],
+         e2e["transformers_sorted"], speed["ratio_end_to_end_sorted"], "-", None),
+        ("BertModel forward, identical padded batches", fwd["handformer"],
+         fwd["transformers"], speed["ratio_forward"], "-", None),
+    ]
+    md = [
+        "# Embeddings: handformer vs transformers (all-MiniLM-L6-v2)", "",
+        f"{speed['sentences']} sentences ({speed['tokens']} tokens, ~20-60 each), batch "
+        f"{speed['batch']}, float32, CPU; transformers `BertModel` with "
+        f"`attn_implementation=\"sdpa\"`; median of {REPEATS} interleaved runs. Throughput "
+        "ratio = transformers time / handformer time (higher is better). Max |difference| of "
+        f"the embeddings: {speed['max_abs_diff']:.1e}.", "",
+        f"Machine: {machine_line()} (shared with other jobs: timings are noisy)", "",
+        "| comparison | handformer s | transformers s | throughput ratio | target | met |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, a, b, r, target, met in rows:
+        flag = "" if met is None else ("yes" if met else "NO")
+        md.append(f"| {name} | {a:.3f} | {b:.3f} | {r:.2f} | {target} | {flag} |")
+    md += [
+        "", "## Loading the bundled model (fresh process each, best time of the runs)", "",
+        "| loader | seconds | peak RSS growth MiB | weights file MiB | growth / file | target |"
+        " met |",
+        "|---|---|---|---|---|---|---|",
+        f"| handformer `load_bert()` | {ours['seconds']:.3f} | "
+        f"{ours['peak_growth_bytes'] / mib:.1f} | {load['weights_bytes'] / mib:.1f} | "
+        f"{ours['growth_over_weights']:.2f} | ≤ 2.0 | {'yes' if memory_met else 'NO'} |",
+        f"| transformers `from_pretrained` (model only) | {theirs['seconds']:.3f} | "
+        f"{theirs['peak_growth_bytes'] / mib:.1f} | {load['weights_bytes'] / mib:.1f} | "
+        f"{theirs['growth_over_weights']:.2f} | - | |",
+        "", "handformer's figure includes the tokenizer; peak RSS growth is VmHWM after the "
+        "load minus VmRSS before it (peak reset through /proc/self/clear_refs).", "",
+        "Reproduce: `.venv/bin/python benchmarks/bench_embed.py` (or `make bench`).", "",
+    ]
+    write_results("embed", {"machine": machine(), "throughput": speed, "loading": load},
+                  "\n".join(md))
+    print("\n".join(md))
+    return 0 if (speed_met and memory_met) or QUICK else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
