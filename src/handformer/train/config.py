@@ -125,6 +125,10 @@ class TrainConfig:
         if self.batch_size % self.grad_accum:
             raise ValueError(f"batch_size={self.batch_size} is not divisible by "
                              f"grad_accum={self.grad_accum}")
+        for kind, name in (("local", "window_size"), ("strided", "stride")):
+            if self.attention == kind and getattr(self, name) is None:
+                raise ValueError(f"--attention {kind} needs --{name.replace('_', '-')} N "
+                                 f"({name} must be a positive integer)")
         self.model_config(vocab_size=1, max_len=1)  # the model's own checks
 
     def model_config(self, *, vocab_size: int, max_len: int) -> CausalLMConfig:

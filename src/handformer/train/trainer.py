@@ -263,7 +263,8 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, info: D.DistInfo) -
         torch.manual_seed(config.seed + 7919 * info.rank)  # distinct dropout masks per rank
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        _write_json(run_dir / TRAIN_NAME, config.to_dict())
+        # stop_after is about one invocation, not the run
+        _write_json(run_dir / TRAIN_NAME, {**config.to_dict(), "stop_after": None})
         task.vocab.save(run_dir / VOCAB_NAME)
         if resume:
             _truncate_metrics(metrics_path, start)
