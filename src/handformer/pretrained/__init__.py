@@ -10,8 +10,10 @@ sentence embeddings, and the strict safetensors loader they share.
 from handformer.pretrained.bert import BertConfig, BertModel, BertOutput, bert_key_map
 from handformer.pretrained.checkpoints import bundled_model_dir, load_bert
 from handformer.pretrained.embed import embed
+from handformer.pretrained.gpt2 import load_gpt2
 from handformer.pretrained.loading import CheckpointError, LoadReport, load_safetensors
 from handformer.pretrained.pooling import SentencePooling
+from handformer.pretrained.text_tokenizer import TextTokenizer
 from handformer.pretrained.tokenizer import BertTokenizer
 
 __all__ = [
@@ -22,9 +24,11 @@ __all__ = [
     "CheckpointError",
     "LoadReport",
     "SentencePooling",
+    "TextTokenizer",
     "bert_key_map",
     "bundled_model_dir",
     "embed",
     "load_bert",
+    "load_gpt2",
     "load_safetensors",
 ]
