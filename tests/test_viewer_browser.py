@@ -226,3 +226,37 @@ def test_512_tokens_size_and_open_time(driver, bert, tmp_path, capsys):
     wait_for(driver, "return document.body.dataset.query", "100")
     assert canvas_hash(driver, "heat") != before
     assert severe(driver) == []
+
+
+def test_controls_and_hover_tooltip(driver, seed):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    path, tokens, _ = seed
+    open_page(driver, path)
+    seen = {canvas_hash(driver, "heat")}
+    steps = [
+        ("layer", lambda: Select(driver.find_element(By.ID, "layer")).select_by_value("0"),
+         "return window.hfViewer.state.layer", 0),
+        ("mean", lambda: Select(driver.find_element(By.ID, "head")).select_by_value("-1"),
+         "return window.hfViewer.state.head", -1),
+        ("boost", lambda: driver.find_element(By.ID, "boost").click(),
+         "return window.hfViewer.state.boost", True),
+    ]
+    for _, act, script, value in steps:
+        act()
+        wait_for(driver, script, value)
+        time.sleep(0.2)  # the redraw runs on the next animation frame
+        h = canvas_hash(driver, "heat")
+        assert h not in seen  # every control changes the picture
+        seen.add(h)
+    # hover over a cell (selenium offsets are from the canvas centre, which lies inside the
+    # matrix: the labels take less room than the 15 rows and columns)
+    heat = driver.find_element(By.ID, "heat")
+    ActionChains(driver).move_to_element_with_offset(heat, 20, 20).perform()
+    tip = driver.find_element(By.ID, "tooltip")
+    wait_for(driver, "return document.getElementById('tooltip').hidden", False)
+    assert "query" in tip.text and "mean over heads" in tip.text
+    assert any(t in tip.text for t in tokens)
+    assert severe(driver) == []
