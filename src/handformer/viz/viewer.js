@@ -163,7 +163,7 @@
 
   function heatGeometry(ctx) {
     let avail = Math.max(320, Math.min(window.innerWidth - 80, 900));
-    if (PAT) avail = Math.max(300, Math.min(avail, (window.innerWidth - 140) / 2));
+    if (PAT) avail = Math.max(300, Math.min(avail, (window.innerWidth - 200) / 2));
     const fit = avail / Math.max(LQ, LK);
     const cell = fit >= 4 ? Math.min(36, Math.floor(fit)) : Math.max(1, fit);
     let left = 6, top = 6;
