@@ -188,7 +188,7 @@ def encode_weights(x: np.ndarray, *, max_bytes: int = MAX_BYTES) -> dict[str, ob
         if len(raw) <= RAW_LIMIT:
             encoding, payload = "raw", raw
         else:
-            encoding, payload = "deflate", zlib.compress(raw, 6)
+            encoding, payload = "deflate", zlib.compress(raw, 4)  # 6 is 3x slower, -10%
         if 4 * ((len(payload) + 2) // 3) <= max_bytes:  # base64 length
             break
     return {"encoding": encoding, "levels": levels,
@@ -215,8 +215,9 @@ class LayerSummary:
     def describe(self, tokens: Sequence[str]) -> str:
         """One line, e.g. ``layer 2: most attention to [SEP] (41%); strongest link it ->
         animal 0.52 (head 7)``."""
-        text = f"layer {self.layer}: most attention to {tokens[self.top_key]} " \
-               f"({self.top_key_share:.0%})"
+        share = f"{self.top_key_share:.0%}" if self.top_key_share >= 0.1 else \
+            f"{self.top_key_share:.1%}"
+        text = f"layer {self.layer}: most attention to {tokens[self.top_key]} ({share})"
         if self.link is not None:
             head, i, j, w = self.link
             text += f"; strongest link {tokens[i]} -> {tokens[j]} {w:.2f} (head {head})"
