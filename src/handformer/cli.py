@@ -17,6 +17,7 @@ COMMANDS = [
     "handformer.commands.train",
     "handformer.commands.embed",
     "handformer.commands.viz",
+    "handformer.commands.generate",
 ]
 
 
