@@ -14,7 +14,6 @@ strongest link between two ordinary tokens.
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import warnings
 from pathlib import Path
@@ -142,7 +141,10 @@ def run(args: argparse.Namespace) -> int:
         layer = (best.layer if best else N - 1) if layer is None else layer
         head = (best.link[0] if best else 0) if head is None else head
 
-    model_name = "all-MiniLM-L6-v2" if args.model is None else Path(args.model).name
+    model_name = ("all-MiniLM-L6-v2" if args.model is None
+                  else Path(args.model).resolve().name or str(args.model))
+    short = " ".join(text.split())
+    short = short if len(short) <= 60 else short[:57] + "..."
     pattern: object = kind  # local / strided: the kind draws its own pattern
     pattern_label = kind_text.capitalize()
     if args.attention == "linear":  # every key is reachable; the point is the cost
@@ -156,12 +158,12 @@ def run(args: argparse.Namespace) -> int:
                                        f"({kind_text}), each scaled to its maximum"),
                             out / "model.png")
     html_path = save_html(attentions, tokens, out / "index.html",
-                          title=f"Attention of {model_name}: {text[:60]}",
+                          title=f"Attention of {model_name}: {short}",
                           pattern=pattern, pattern_label=pattern_label,
                           note=f"{model_name} · {kind_text}", layer=layer, head=head)
 
     for path in (head_png, model_png, html_path):
-        print(f"wrote {os.path.relpath(path) if not path.is_absolute() else path}")
+        print(f"wrote {path}")
     print(f"{L} tokens, {N} layers x {H} heads; head.png shows layer {layer}, head {head}")
     for s in summaries:
         print(s.describe(tokens))
