@@ -260,3 +260,24 @@ def test_controls_and_hover_tooltip(driver, seed):
     assert "query" in tip.text and "mean over heads" in tip.text
     assert any(t in tip.text for t in tokens)
     assert severe(driver) == []
+
+
+def test_cross_attention_page(driver, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    weights = torch.softmax(torch.randn(2, 1, 3, 5, 7), dim=-1)  # 2 layers, (B, H, L_q, L_k)
+    path = save_html(list(weights), ["q0", "q1", "q2", "q3", "q4"], tmp_path / "x.html",
+                     key_tokens=[f"k{j}" for j in range(7)], view="head")
+    open_page(driver, path)
+    assert driver.execute_script("return document.body.dataset.view") == "head"
+    before = canvas_hash(driver, "lines")
+    driver.find_elements(By.CSS_SELECTOR, "#tokens .tok")[2].click()
+    wait_for(driver, "return document.body.dataset.query", "2")
+    assert canvas_hash(driver, "lines") != before
+    driver.find_element(By.ID, "tab-heat").click()
+    wait_for(driver, "return document.body.dataset.view", "heat")
+    size = driver.execute_script("const c = document.getElementById('heat');"
+                                 "return [c.getBoundingClientRect().width, "
+                                 "c.getBoundingClientRect().height]")
+    assert size[0] > size[1]  # 7 key columns, 5 query rows
+    assert severe(driver) == []

@@ -47,6 +47,8 @@ def test_seed_sentence_writes_pngs_html_and_summary(tmp_path, capsys):
     assert data["tokens"] == TOKENS and (data["layers"], data["heads"]) == (6, 12)
     assert [data["layer"], data["head"]] == [int(m.group(1)), int(m.group(2))]
     assert data["pattern"] is None
+    page = (out_dir / "index.html").read_text(encoding="utf-8")
+    assert "http://" not in page and "https://" not in page
     assert imread(out_dir / "head.png")[..., :3].std() > 0.1
     assert err == ""
 

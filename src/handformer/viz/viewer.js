@@ -363,6 +363,14 @@
     });
   }
 
+  // Tooltip text: the pinned query's weight on key j in each shown head, largest first.
+  function headWeights(q, j) {
+    const rows = Array.from(S.heads).map(function (h) { return [h, weight(S.layer, h, q, j)]; });
+    rows.sort(function (a, b) { return b[1] - a[1]; });
+    return QT[q] + " \u2192 " + KT[j] + " (layer " + S.layer + ")\n" + rows.slice(0, 6)
+      .map(function (r) { return "head " + r[0] + ": " + fmt(r[1]); }).join("\n");
+  }
+
   function headTarget(e) {
     const rect = $("lines").getBoundingClientRect();
     const x = e.clientX - rect.left, i = Math.floor((e.clientY - rect.top - hv.top) / hv.rowH);
@@ -493,9 +501,11 @@
       const t = headTarget(e);
       const hq = t && t.side === "q" ? t.i : null, hk = t && t.side === "k" ? t.i : null;
       if (hq !== S.hover || hk !== S.hoverKey) { S.hover = hq; S.hoverKey = hk; redraw(); }
+      if (hk !== null && S.query !== null) showTip(e, headWeights(S.query, hk));
+      else hideTip();
     });
     $("lines").addEventListener("mouseleave", function () {
-      S.hover = null; S.hoverKey = null; redraw();
+      S.hover = null; S.hoverKey = null; hideTip(); redraw();
     });
     $("lines").addEventListener("click", function (e) {
       const t = headTarget(e);
