@@ -1,0 +1,268 @@
+"""Efficient attention variants against torch's fused attention and FlexAttention (CPU).
+
+CPU, float32, B=1, H=8, D=64, forward only; every ratio is measured in one process with the
+calls interleaved round by round, median of 3 (a fused call at L=16384 takes seconds).
+
+Targets (issue 4), at L=16384:
+
+* local, window 257: >= 10x faster than ``F.scaled_dot_product_attention`` with the band as a
+  boolean mask, >= 1.5x faster than ``torch.compile``'d FlexAttention with a sliding-window
+  block mask (its compile time is reported separately); peak memory at 16384 <= 4.5x that at
+  4096;
+* strided, stride 128: >= 5x faster than fused attention with the strided pattern as a mask;
+* linear: non-causal >= 20x faster than fused attention; causal >= 10x faster than fused
+  attention with ``is_causal=True``.
+
+It also records time and peak memory against L (1k ... 16k) for every kind.
+
+Peak memory: each point runs in a fresh subprocess that builds its inputs, resets the kernel's
+peak-RSS counter (``echo 5 > /proc/self/clear_refs``), calls the kind once and reads
+``VmHWM - VmRSS(before)`` from ``/proc/self/status``: the memory the call itself added, whatever
+allocator torch uses (the profiler only sees torch's own allocations). Where ``clear_refs`` is
+not available it falls back to ``ru_maxrss``, less the RSS before the call.
+
+Run: ``make bench`` or ``.venv/bin/python benchmarks/bench_variants.py``
+(``HANDFORMER_BENCH_QUICK=1`` for a seconds-long smoke run at tiny sizes).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import QUICK, interleaved, machine, machine_line, write_results  # noqa: E402
+from handformer import linear_attention, local_attention, strided_attention  # noqa: E402
+from handformer.masks import strided_mask, window_mask  # noqa: E402
+
+B, H, D = 1, 8, 64
+L_MAIN = 512 if QUICK else 16384
+WINDOW, STRIDE = (33, 16) if QUICK else (257, 128)
+LENGTHS = [256, 512] if QUICK else [1024, 2048, 4096, 8192, 16384]
+MEMORY_KINDS = ["local"] if QUICK else ["full", "local", "strided", "linear", "linear_causal"]
+REPEATS = 3
+TARGETS = {
+    "local_vs_fused_band": 10.0,
+    "local_vs_flex": 1.5,
+    "strided_vs_fused_mask": 5.0,
+    "linear_vs_fused": 20.0,
+    "linear_causal_vs_fused_causal": 10.0,
+}
+
+KINDS: dict[str, Callable[..., torch.Tensor]] = {
+    "full": lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+    "local": lambda q, k, v: local_attention(q, k, v, WINDOW)[0],
+    "strided": lambda q, k, v: strided_attention(q, k, v, STRIDE)[0],
+    "linear": lambda q, k, v: linear_attention(q, k, v)[0],
+    "linear_causal": lambda q, k, v: linear_attention(q, k, v, causal=True)[0],
+}
+
+
+def inputs(L: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    return tuple(torch.randn(B, H, L, D) for _ in range(3))
+
+
+def compiled_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                  ) -> tuple[Callable[[], torch.Tensor] | None, float | None, str | None]:
+    """A sliding-window FlexAttention call, its compile time, or the error that stopped it."""
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        half = WINDOW // 2
+        start = time.perf_counter()
+        block_mask = create_block_mask(lambda b, h, qi, ki: (qi - ki).abs() <= half, None, None,
+                                       q.shape[-2], k.shape[-2], device="cpu")
+        flex = torch.compile(flex_attention)
+        flex(q, k, v, block_mask=block_mask)  # compiles
+        compile_s = time.perf_counter() - start
+        return (lambda: flex(q, k, v, block_mask=block_mask)), compile_s, None
+    except Exception as exc:  # noqa: BLE001 - any failure is recorded, not hidden
+        return None, None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+
+
+def headline() -> dict[str, object]:
+    """The target ratios at L_MAIN, measured in this process."""
+    q, k, v = inputs(L_MAIN)
+    band = window_mask(L_MAIN, L_MAIN, WINDOW)  # (L, L) bool
+    strided = strided_mask(L_MAIN, L_MAIN, STRIDE)  # (L, L) bool
+    flex, compile_s, flex_error = (None, None, "skipped in quick mode") if QUICK else \
+        compiled_flex(q, k, v)
+    ours = {name: (lambda fn=KINDS[name]: fn(q, k, v))
+            for name in ("local", "strided", "linear", "linear_causal")}
+    theirs = {
+        "fused_band": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=band),
+        "fused_strided_mask": lambda: F.scaled_dot_product_attention(q, k, v,
+                                                                     attn_mask=strided),
+        "fused": lambda: F.scaled_dot_product_attention(q, k, v),
+        "fused_causal": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+    }
+    if flex is not None:
+        ours["flex"] = flex
+    for fn in ours.values():  # warm up the cheap ones; a fused call at 16k costs seconds
+        fn()
+    times = interleaved({**ours, **theirs}, repeats=REPEATS, warmup=0)
+    # the variants compute the same thing as their references
+    diffs = {
+        "local_vs_fused_band": (ours["local"]() - theirs["fused_band"]()).abs().max().item(),
+        "strided_vs_fused_mask": (ours["strided"]() - theirs["fused_strided_mask"]())
+        .abs().max().item(),
+    }
+    if flex is not None:
+        diffs["local_vs_flex"] = (ours["local"]() - flex()).abs().max().item()
+    ratios = {
+        "local_vs_fused_band": times["fused_band"] / times["local"],
+        "strided_vs_fused_mask": times["fused_strided_mask"] / times["strided"],
+        "linear_vs_fused": times["fused"] / times["linear"],
+        "linear_causal_vs_fused_causal": times["fused_causal"] / times["linear_causal"],
+    }
+    if flex is not None:
+        ratios["local_vs_flex"] = times["flex"] / times["local"]
+    return {"L": L_MAIN, "times_s": times, "ratios": ratios, "max_abs_diff": diffs,
+            "flex_compile_s": compile_s, "flex_error": flex_error}
+
+
+def time_table(main: dict[str, object]) -> dict[str, dict[int, float]]:
+    """Median seconds per call of every kind against L (L_MAIN's full time is reused)."""
+    table: dict[str, dict[int, float]] = {name: {} for name in KINDS}
+    for L in LENGTHS:
+        q, k, v = inputs(L)
+        fns = {name: (lambda fn=fn, q=q, k=k, v=v: fn(q, k, v)) for name, fn in KINDS.items()}
+        if L == L_MAIN:
+            fns.pop("full")
+            table["full"][L] = main["times_s"]["fused"]
+        for name, t in interleaved(fns, repeats=REPEATS, warmup=1).items():
+            table[name][L] = t
+    return table
+
+
+def _rss_kib(field: str) -> int | None:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return None
+
+
+def memory_point(kind: str, L: int) -> dict[str, object]:
+    """Run in a fresh process: memory one call of ``kind`` adds, in MiB."""
+    small = inputs(64)
+    KINDS[kind](*small)  # thread pools and one-time allocations, at a negligible size
+    q, k, v = inputs(L)
+    before = _rss_kib("VmRSS")
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        method = "VmHWM after clear_refs"
+    except OSError:
+        method = "ru_maxrss"
+    KINDS[kind](q, k, v)
+    if method == "ru_maxrss":
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    else:
+        peak = _rss_kib("VmHWM")
+    return {"kind": kind, "L": L, "peak_mib": max(peak - before, 0) / 1024, "method": method}
+
+
+def memory_table() -> tuple[dict[str, dict[int, float]], str]:
+    table: dict[str, dict[int, float]] = {name: {} for name in MEMORY_KINDS}
+    method = ""
+    for kind in MEMORY_KINDS:
+        for L in LENGTHS:
+            proc = subprocess.run([sys.executable, __file__, "--memory", kind, str(L)],
+                                  capture_output=True, text=True, check=True)
+            point = json.loads(proc.stdout.strip().splitlines()[-1])
+            table[kind][L] = point["peak_mib"]
+            method = point["method"]
+    return table, method
+
+
+def markdown(main: dict[str, object], times: dict, memory: dict, method: str,
+             verdicts: dict[str, str]) -> str:
+    lines = [
+        "# Efficient attention variants (CPU, float32)", "",
+        f"{machine_line()}", "",
+        f"B={B}, H={H}, D={D}, window={WINDOW}, stride={STRIDE}; forward only; median of "
+        f"{REPEATS} interleaved runs in one process. Other jobs shared the 2 cores while this "
+        "ran, so absolute times are noisy; ratios are measured side by side.", "",
+        f"## Ratios at L={main['L']}", "",
+        "| comparison | reference (s) | ours (s) | speed-up | target | met |",
+        "|---|---|---|---|---|---|",
+    ]
+    t = main["times_s"]
+    pairs = {
+        "local_vs_fused_band": ("fused_band", "local"),
+        "local_vs_flex": ("flex", "local"),
+        "strided_vs_fused_mask": ("fused_strided_mask", "strided"),
+        "linear_vs_fused": ("fused", "linear"),
+        "linear_causal_vs_fused_causal": ("fused_causal", "linear_causal"),
+    }
+    for key, (ref, ours) in pairs.items():
+        if key in main["ratios"]:
+            lines.append(f"| {key} | {t[ref]:.3f} | {t[ours]:.3f} | {main['ratios'][key]:.1f}x "
+                         f"| >= {TARGETS[key]}x | {verdicts[key]} |")
+        else:
+            lines.append(f"| {key} | - | {t[ours]:.3f} | - | >= {TARGETS[key]}x | "
+                         f"{verdicts[key]} |")
+    lines += ["", f"FlexAttention compile time (first call, block mask included): "
+              f"{main['flex_compile_s']:.1f} s" if main["flex_compile_s"] is not None
+              else f"FlexAttention: not measured ({main['flex_error']})", "",
+              "Largest |difference| between outputs: " + ", ".join(
+                  f"{k} {v:.1e}" for k, v in main["max_abs_diff"].items()), "",
+              "## Time (s) against L", "",
+              "| kind | " + " | ".join(str(L) for L in LENGTHS) + " |",
+              "|---|" + "---|" * len(LENGTHS)]
+    for name, row in times.items():
+        lines.append(f"| {name} | " + " | ".join(f"{row[L]:.4f}" for L in LENGTHS) + " |")
+    lines += ["", f"## Peak memory added by one call (MiB) against L ({method}, fresh process "
+              "per point)", "",
+              "| kind | " + " | ".join(str(L) for L in LENGTHS) + " |",
+              "|---|" + "---|" * len(LENGTHS)]
+    for name, row in memory.items():
+        lines.append(f"| {name} | " + " | ".join(f"{row[L]:.1f}" for L in LENGTHS) + " |")
+    lines += ["", "`full` is torch's fused attention without a mask (its CPU kernel is "
+              "flash-style, so its memory is linear too; its time is not)."]
+    if "memory_ratio" in verdicts:
+        lines += ["", f"local: peak at 16384 / peak at 4096 = {verdicts['memory_ratio']}"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    main_res = headline()
+    times = time_table(main_res)
+    memory, method = memory_table()
+    verdicts = {}
+    for key, target in TARGETS.items():
+        r = main_res["ratios"].get(key)
+        verdicts[key] = "n/a" if r is None else ("yes" if r >= target else "NO")
+        shown = "n/a" if r is None else f"{r:.1f}x"
+        print(f"{key:32s} {shown:>8s}  (target >= {target}x)  {verdicts[key]}")
+    memory_ok = True
+    if 4096 in memory.get("local", {}) and 16384 in memory.get("local", {}):
+        ratio = memory["local"][16384] / max(memory["local"][4096], 1e-9)
+        memory_ok = ratio <= 4.5
+        verdicts["memory_ratio"] = f"{ratio:.2f} (target <= 4.5: {'yes' if memory_ok else 'NO'})"
+        print(f"local peak memory 16384/4096       {ratio:.2f}  (target <= 4.5)")
+    if main_res["flex_compile_s"] is not None:
+        print(f"FlexAttention compile time {main_res['flex_compile_s']:.1f} s")
+    else:
+        print(f"FlexAttention: {main_res['flex_error']}")
+    data = {"machine": machine(), "B": B, "H": H, "D": D, "window": WINDOW, "stride": STRIDE,
+            "headline": main_res, "targets": TARGETS, "time_s": times, "peak_mib": memory,
+            "memory_method": method, "verdicts": verdicts}
+    write_results("variants", data, markdown(main_res, times, memory, method, verdicts))
+    met = all(v in ("yes", "n/a") for k, v in verdicts.items() if k in TARGETS) and memory_ok
+    return 0 if met or QUICK else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--memory":
+        print(json.dumps(memory_point(sys.argv[2], int(sys.argv[3]))))
+        sys.exit(0)
+    sys.exit(main())
