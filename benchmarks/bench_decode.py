@@ -1,0 +1,165 @@
+"""Decoding speed: incremental decoding with caches vs recomputation, and long contexts.
+
+CPU, float32, batch 1, a small CausalLM (d_model=256, 4 heads, 4 layers, d_ff=1024,
+vocabulary 1000). Three measurements, each in one process with interleaved runs (median):
+
+1. per-token latency with a KV cache at context 1024 vs context 128 (full attention);
+   target ratio <= 2;
+2. generating 512 tokens with the cache vs without (recomputing the whole sequence at every
+   step); target speed-up >= 5;
+3. linear-attention decoding at contexts 1k..16k: per-token time and cache memory, which
+   should stay flat (the (S, z) state has a fixed size), beside full attention's growing KV
+   cache for contrast.
+
+Run: ``make bench`` or ``.venv/bin/python benchmarks/bench_decode.py``
+(``HANDFORMER_BENCH_QUICK=1`` for tiny sizes).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import QUICK, interleaved, machine, machine_line, write_results  # noqa: E402
+from handformer import CausalLM, CausalLMConfig  # noqa: E402
+
+V = 1000
+SIZE = dict(d_model=32, num_heads=2, num_layers=1, d_ff=64) if QUICK else \
+    dict(d_model=256, num_heads=4, num_layers=4, d_ff=1024)
+SHORT, LONG = (16, 64) if QUICK else (128, 1024)
+GEN_TOKENS = 16 if QUICK else 512
+CONTEXTS = [32, 64] if QUICK else [1024, 2048, 4096, 8192, 16384]
+STEPS = 3 if QUICK else 16  # decode steps timed per measurement
+
+
+def model(attention: str = "full", max_len: int = 2048) -> CausalLM:
+    torch.manual_seed(0)
+    config = CausalLMConfig(vocab_size=V, max_len=max_len, attention=attention,
+                            positional="rotary", **SIZE)
+    return CausalLM(config).eval()
+
+
+def prefill(m: CausalLM, n: int):  # noqa: ANN201 - a DecodingCache
+    cache = m.new_cache()
+    with torch.inference_mode():
+        for start in range(0, n, 4096):  # long prompts in pieces (bounded activations)
+            m(torch.randint(0, V, (1, min(4096, n - start))), cache=cache)
+    return cache
+
+
+def step_timer(m: CausalLM, cache) -> callable:  # noqa: ANN001
+    token = torch.randint(0, V, (1, 1))
+
+    def step() -> None:
+        with torch.inference_mode():
+            m(token, cache=cache)
+
+    return step
+
+
+def bench_context_latency() -> dict[str, float]:
+    m = model(max_len=LONG + 4 * STEPS + 8)
+    fns = {f"ctx{SHORT}": step_timer(m, prefill(m, SHORT)),
+           f"ctx{LONG}": step_timer(m, prefill(m, LONG))}
+    return interleaved(fns, repeats=STEPS, warmup=2)
+
+
+def bench_generate() -> dict[str, float]:
+    m = model(max_len=GEN_TOKENS + 8)
+    prompt = torch.randint(0, V, (1, 4))
+
+    def gen(use_cache: bool) -> callable:
+        return lambda: m.generate(prompt, max_new_tokens=GEN_TOKENS, use_cache=use_cache)
+
+    return interleaved({"cached": gen(True), "uncached": gen(False)}, repeats=3, warmup=0)
+
+
+def bench_long_contexts() -> list[dict[str, float]]:
+    rows = []
+    linear = model("linear", max_len=CONTEXTS[-1] + STEPS + 8)
+    full = model("full", max_len=CONTEXTS[-1] + STEPS + 8)
+    for n in CONTEXTS:
+        row: dict[str, float] = {"context": n}
+        for name, m in (("linear", linear), ("full", full)):
+            cache = prefill(m, n)
+            step = step_timer(m, cache)
+            step()
+            times = []
+            for _ in range(STEPS):
+                start = time.perf_counter()
+                step()
+                times.append(time.perf_counter() - start)
+            row[f"{name}_ms"] = statistics.median(times) * 1e3
+            row[f"{name}_cache_kib"] = cache.nbytes() / 1024
+            del cache
+        rows.append(row)
+        print(f"context {n:>6}: linear {row['linear_ms']:.2f} ms/token, "
+              f"{row['linear_cache_kib']:.0f} KiB | full {row['full_ms']:.2f} ms/token, "
+              f"{row['full_cache_kib']:.0f} KiB", flush=True)
+    return rows
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    lat = bench_context_latency()
+    lat_ratio = lat[f"ctx{LONG}"] / lat[f"ctx{SHORT}"]
+    print(f"per-token latency: ctx {SHORT} {lat[f'ctx{SHORT}'] * 1e3:.2f} ms, ctx {LONG} "
+          f"{lat[f'ctx{LONG}'] * 1e3:.2f} ms, ratio {lat_ratio:.2f} (target <= 2)", flush=True)
+    gen = bench_generate()
+    speedup = gen["uncached"] / gen["cached"]
+    print(f"generate {GEN_TOKENS} tokens: cached {gen['cached']:.2f} s, uncached "
+          f"{gen['uncached']:.2f} s, speed-up {speedup:.1f}x (target >= 5)", flush=True)
+    rows = bench_long_contexts()
+    lin = [r["linear_ms"] for r in rows]
+    flat_time = max(lin) / min(lin)
+    flat_mem = max(r["linear_cache_kib"] for r in rows) / min(r["linear_cache_kib"] for r in rows)
+    print(f"linear decoding: time max/min {flat_time:.2f}, cache memory max/min {flat_mem:.2f}")
+    ok = lambda c: "yes" if c else "NO"  # noqa: E731
+    md = "\n".join([
+        "# Decoding: caches vs recomputation",
+        "",
+        f"CausalLM {SIZE}, vocabulary {V}, rotary positions, batch 1, float32, CPU. "
+        "Interleaved runs, medians. Other processes shared the CPU: figures are noisy.",
+        "",
+        f"Machine: {machine_line()}",
+        "",
+        "| measurement | value | target | met |",
+        "|---|---|---|---|",
+        f"| per-token latency with KV cache, context {SHORT} | "
+        f"{lat[f'ctx{SHORT}'] * 1e3:.2f} ms | | |",
+        f"| per-token latency with KV cache, context {LONG} | "
+        f"{lat[f'ctx{LONG}'] * 1e3:.2f} ms | | |",
+        f"| ratio {LONG} / {SHORT} | {lat_ratio:.2f} | ≤ 2 | {ok(lat_ratio <= 2)} |",
+        f"| generate {GEN_TOKENS} tokens, cached | {gen['cached']:.2f} s | | |",
+        f"| generate {GEN_TOKENS} tokens, uncached | {gen['uncached']:.2f} s | | |",
+        f"| speed-up | {speedup:.1f}× | ≥ 5× | {ok(speedup >= 5)} |",
+        "",
+        "## Long contexts: per-token decoding time and cache memory",
+        "",
+        "| context | linear ms/token | linear cache KiB | full ms/token | full KV cache KiB |",
+        "|---|---|---|---|---|",
+        *[f"| {r['context']} | {r['linear_ms']:.2f} | {r['linear_cache_kib']:.0f} | "
+          f"{r['full_ms']:.2f} | {r['full_cache_kib']:.0f} |" for r in rows],
+        "",
+        f"Linear attention: time max/min {flat_time:.2f}, cache memory max/min {flat_mem:.2f} "
+        "(flat = 1). The full-attention KV cache grows with the context (its buffer doubles).",
+        "",
+        "Reproduce: `.venv/bin/python benchmarks/bench_decode.py` (or `make bench`).",
+        "",
+    ])
+    write_results("decode", {
+        "machine": machine(), "config": {**SIZE, "vocab_size": V},
+        "latency": {**lat, "ratio": lat_ratio, "target": 2.0},
+        "generate": {**gen, "tokens": GEN_TOKENS, "speedup": speedup, "target": 5.0},
+        "long_contexts": rows, "linear_time_max_over_min": flat_time,
+        "linear_memory_max_over_min": flat_mem,
+    }, md)
+
+
+if __name__ == "__main__":
+    main()
