@@ -12,7 +12,8 @@ from handformer.cli import main
 from handformer.models.causal_lm import CausalLM
 from handformer.train.data import CharVocab
 
-TINY = ["--layers", "1", "--d-model", "32", "--heads", "2", "--d-ff", "64", "--no-progress"]
+TINY = ["--layers", "1", "--d-model", "32", "--heads", "2", "--d-ff", "64", "--no-progress",
+        "--threads", "1"]
 
 
 def _error(capsys: pytest.CaptureFixture, argv: list[str]) -> str:

@@ -20,11 +20,12 @@ from handformer.train.checkpoint import list_checkpoints, verify_checkpoint
 # A tiny run with dropout, so that restoring the RNG state matters.
 SMALL = dict(task="copy", length=4, num_symbols=6, eval_size=20, num_layers=1, d_model=32,
              num_heads=2, d_ff=64, dropout=0.1, steps=16, batch_size=16, warmup=4,
-             log_every=1, eval_every=8, ckpt_every=5, keep=2, progress=False)
+             log_every=1, eval_every=8, ckpt_every=5, keep=2, progress=False,
+             threads=1)
 ARGS = ["copy", "--length", "4", "--num-symbols", "6", "--eval-size", "20", "--layers", "1",
         "--d-model", "32", "--heads", "2", "--d-ff", "64", "--dropout", "0.1", "--steps", "16",
         "--batch-size", "16", "--warmup", "4", "--log-every", "1", "--eval-every", "8",
-        "--ckpt-every", "5", "--keep", "2", "--no-progress"]
+        "--ckpt-every", "5", "--keep", "2", "--no-progress", "--threads", "1"]
 
 
 def _losses(run_dir: Path) -> list[tuple[str, int, float]]:

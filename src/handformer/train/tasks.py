@@ -56,13 +56,16 @@ class Task:
     Attributes:
         name: the task name.
         vocab: the :class:`CharVocab` (saved as ``vocab.json`` in the run folder).
-        seq_len: model input length ``L`` (the model's ``max_len``).
+        seq_len: model input length ``L``.
+        max_len: the model's context (``L``, plus one for the synthetic tasks so that
+            ``generate`` can produce the whole target after the prompt ``x>``).
         has_accuracy: whether :meth:`evaluate` reports exact-match accuracy.
     """
 
     name: str
     vocab: CharVocab
     seq_len: int
+    max_len: int
     has_accuracy: bool = False
 
     def batch(self, seed: int, step: int, micro_step: int, size: int) -> Batch:
@@ -112,6 +115,7 @@ class SequenceTask(Task):
                              "--eval-size or longer sequences")
         self.vocab = CharVocab(SEPARATOR + SYMBOLS[:num_symbols])
         self.seq_len = 2 * length
+        self.max_len = 2 * length + 1
         # Held-out sequences, as base-`num_symbols` codes; training never draws them.
         g = batch_generator(seed, 0, 0xFFFF)
         codes = torch.empty(0, dtype=torch.long)
@@ -217,6 +221,7 @@ class LMTask(Task):
         self.train_data, self.val_data = data[:len(text) - n_val], data[len(text) - n_val:]
         self.block_size = block_size
         self.seq_len = block_size
+        self.max_len = block_size
         self.eval_size = eval_size
 
     def _windows(self, data: Tensor, starts: Tensor) -> Batch:

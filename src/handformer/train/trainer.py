@@ -10,7 +10,7 @@ RUN_DIR`` read, and what ``--resume RUN_DIR`` continues)::
       vocab.json            {"kind": "char", "tokens": [...]}: token id i is tokens[i]
       metrics.jsonl         one JSON object per line: {"split": "train", "step", "loss", "lr",
                             "tokens_per_s", "tokens", "elapsed_s"} and {"split": "eval",
-                            "step", "loss", "accuracy"?}
+                            "step", "loss", "accuracy"?, "elapsed_s"}
       checkpoints/step-NNNNNNNN/   the last K checkpoints (see handformer.train.checkpoint)
       summary.json          written when the run finishes: final step and evaluation
       loss.png              loss curve (end of run)
@@ -211,12 +211,16 @@ def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False) -> 
         FileNotFoundError: for a missing text file.
     """
     config.validate()
+    threads = torch.get_num_threads()
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
     run_dir = Path(run_dir)
     info = D.setup(config.device)
     try:
         return _train(config, run_dir, resume, info)
     finally:
         D.teardown(info)
+        torch.set_num_threads(threads)
 
 
 def _train(config: TrainConfig, run_dir: Path, resume: bool, info: D.DistInfo) -> TrainResult:
@@ -230,7 +234,7 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, info: D.DistInfo) -
     _prepare_run_dir(run_dir, config, resume, info)
     task = build_task(config)
     torch.manual_seed(config.seed)
-    model_config = config.model_config(vocab_size=len(task.vocab), max_len=task.seq_len)
+    model_config = config.model_config(vocab_size=len(task.vocab), max_len=task.max_len)
     expected = json.loads(json.dumps({"model_type": MODEL_TYPE, **model_config.to_dict()}))
     model = CausalLM(model_config).to(info.device)
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -243,7 +247,7 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, info: D.DistInfo) -
                         config.min_lr_ratio)
     scaler = torch.amp.GradScaler(info.device.type, enabled=config.precision == "fp16")
 
-    start, tokens_seen = 0, 0
+    start, tokens_seen, elapsed_before = 0, 0, 0.0
     metrics_path = run_dir / METRICS_NAME
     latest = ckpt.latest_checkpoint(run_dir) if resume else None
     if info.is_main and resume:
@@ -251,6 +255,7 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, info: D.DistInfo) -
     if latest is not None:
         state, rng = ckpt.load_checkpoint(latest, model, optimizer, expected)
         start, tokens_seen = int(state["step"]), int(state.get("tokens", 0))
+        elapsed_before = float(state.get("elapsed_s", 0.0))
         if state.get("scaler"):
             scaler.load_state_dict(state["scaler"])
         if info.rank == 0 and "torch" in rng:
@@ -279,13 +284,17 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, info: D.DistInfo) -
             rng = {"torch": torch.get_rng_state()}
             if info.device.type == "cuda":
                 rng["cuda"] = torch.cuda.get_rng_state(info.device)
-            state = {"tokens": tokens_seen, "schedule": schedule.to_dict(),
+            state = {"tokens": tokens_seen, "elapsed_s": elapsed(), "schedule": schedule.to_dict(),
                      "data": {"kind": "step-seeded", "seed": config.seed, "next_step": step},
                      "world_size": info.world_size, "scaler": scaler.state_dict()}
             ckpt.save_checkpoint(run_dir, step, model, optimizer, state, rng)
             ckpt.prune_checkpoints(run_dir, config.keep)
             model.save_pretrained(run_dir)
         D.barrier(info)
+
+    def elapsed() -> float:
+        """Training seconds so far, over all invocations of the run."""
+        return round(elapsed_before + time.perf_counter() - t_start, 3)
 
     def log(record: dict) -> None:
         if info.is_main:
@@ -302,6 +311,7 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, info: D.DistInfo) -
     tokens_per_step = config.batch_size * task.seq_len
     model.train()
     t_log, tok_log, step = time.perf_counter(), tokens_seen, start
+    t_start = t_log
     with _StopRequest() as stop:
         for step in range(start, config.steps):
             lr = schedule(step)
@@ -335,14 +345,16 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, info: D.DistInfo) -
                 speed = (tokens_seen - tok_log) / max(now - t_log, 1e-9)
                 t_log, tok_log = now, tokens_seen
                 log({"split": "train", "step": done, "loss": loss_value, "lr": lr,
-                     "tokens_per_s": round(speed, 1), "tokens": tokens_seen})
+                     "tokens_per_s": round(speed, 1), "tokens": tokens_seen,
+                     "elapsed_s": elapsed()})
                 result.losses.append((done, loss_value))
                 if bar is not None:
                     bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}",
                                     tok_s=f"{speed:,.0f}", refresh=False)
             if done % config.eval_every == 0 or done == config.steps:
                 ev = evaluate(model, task, config, info, batches=eval_batches)
-                result.final_eval = {"split": "eval", "step": done, **ev}
+                result.final_eval = {"split": "eval", "step": done, **ev,
+                                     "elapsed_s": elapsed()}
                 log(result.final_eval)
                 if bar is not None:
                     bar.write(f"step {done}: eval " + ", ".join(
