@@ -141,3 +141,18 @@ def test_save_figure_to_missing_folder_raises_oserror(tmp_path):
     fig = plot_attention(torch.rand(3, 3), list("abc"))
     with pytest.raises(OSError):
         save_figure(fig, tmp_path / "missing" / "x.png")
+
+
+def test_missing_glyphs_give_one_warning(tmp_path):
+    import warnings
+
+    from handformer.viz.heatmap import MissingGlyphWarning
+
+    tokens = ["a", "\ue000", "\ue001", "\ue000"]  # private-use characters: no font has them
+    fig = plot_attention(torch.rand(4, 4), tokens)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        save_figure(fig, tmp_path / "x.png")
+    assert [w.category for w in caught] == [MissingGlyphWarning]
+    assert "2 character(s)" in str(caught[0].message)
+    assert (tmp_path / "x.png").is_file()

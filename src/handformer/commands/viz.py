@@ -109,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
     from handformer.pretrained import load_bert
     from handformer.viz import plot_attention, plot_heads, save_figure, save_html, summarize
+    from handformer.viz.heatmap import MissingGlyphWarning
 
     model, tokenizer = load_bert(args.model, attention=kind)
     N, H = model.config.num_hidden_layers, model.config.num_attention_heads
@@ -152,11 +153,16 @@ def run(args: argparse.Namespace) -> int:
         pattern_label = ("Linear attention: every query reaches every key, yet the L x L "
                          "matrix is never formed (cost grows as L·D², not L²·D)")
     title = f"{model_name}: layer {layer}, head {head} ({kind_text})"
-    head_png = save_figure(plot_attention(attentions[layer][0, head], tokens, title=title,
-                                          pattern=pattern), out / "head.png")
-    model_png = save_figure(plot_heads(attentions, tokens, title=f"{model_name}: every head "
-                                       f"({kind_text}), each scaled to its maximum"),
-                            out / "model.png")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", MissingGlyphWarning)
+        head_png = save_figure(plot_attention(attentions[layer][0, head], tokens, title=title,
+                                              pattern=pattern), out / "head.png")
+        model_png = save_figure(plot_heads(attentions, tokens, title=f"{model_name}: every "
+                                           f"head ({kind_text}), each scaled to its maximum"),
+                                out / "model.png")
+    glyphs = [w for w in caught if issubclass(w.category, MissingGlyphWarning)]
+    if glyphs:
+        print(f"note: {glyphs[0].message}")
     html_path = save_html(attentions, tokens, out / "index.html",
                           title=f"Attention of {model_name}: {short}",
                           pattern=pattern, pattern_label=pattern_label,

@@ -9,11 +9,15 @@ Shape letters: ``N`` layers, ``H`` heads, ``L_q`` queries, ``L_k`` keys.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+import re
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -23,11 +27,27 @@ from matplotlib.figure import Figure
 from handformer.viz.data import as_attention_array, as_pattern, check_tokens
 from handformer.viz.files import write_atomic
 
-__all__ = ["plot_attention", "plot_heads", "save_figure"]
+__all__ = ["plot_attention", "plot_heads", "save_figure", "MissingGlyphWarning"]
 
 DPI = 100
 # Blocked cells of a pattern: light grey; allowed: dark slate (readable in print too).
 _PATTERN_CMAP = ListedColormap(["#eeeeee", "#3b4a6b"])
+
+
+# Fonts with CJK glyphs, tried after DejaVu Sans for tokens it has no glyph for (the seed
+# tutorial is in Chinese). The first one installed is used.
+_CJK_FAMILIES = ("Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Sans SC", "Source Han Sans SC",
+                 "WenQuanYi Zen Hei", "WenQuanYi Micro Hei", "Droid Sans Fallback",
+                 "AR PL UMing CN", "SimHei", "Microsoft YaHei", "PingFang SC",
+                 "Hiragino Sans GB", "Arial Unicode MS")
+
+
+@functools.lru_cache(maxsize=1)
+def _font_families() -> tuple[str, ...]:
+    from matplotlib import font_manager
+
+    installed = {f.name for f in font_manager.fontManager.ttflist}
+    return ("DejaVu Sans", *[name for name in _CJK_FAMILIES if name in installed][:1])
 
 
 def _new_figure(width: float, height: float) -> Figure:
@@ -72,6 +92,18 @@ def _one_head(weights: object) -> np.ndarray:
     return x[0, 0]  # (L_q, L_k)
 
 
+def _with_fonts(fn):  # noqa: ANN001, ANN202 - keeps the wrapped signature
+    """Create every text of the figure with the font list of :func:`_font_families`."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        with matplotlib.rc_context({"font.family": list(_font_families())}):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+@_with_fonts
 def plot_attention(weights: object, tokens: Sequence[str], *, ax: Axes | None = None,
                    title: str | None = None, pattern: object = None,
                    key_tokens: Sequence[str] | None = None, cmap: str = "viridis") -> Figure:
@@ -156,6 +188,7 @@ def _pick(name: str, chosen: Sequence[int] | None, count: int) -> list[int]:
     return out
 
 
+@_with_fonts
 def plot_heads(attentions: object, tokens: Sequence[str], *,
                layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
                title: str | None = None, cmap: str = "viridis") -> Figure:
@@ -215,11 +248,41 @@ def plot_heads(attentions: object, tokens: Sequence[str], *,
 
 
 def _colormap(name: str):  # noqa: ANN202 - matplotlib Colormap
-    import matplotlib
-
     return matplotlib.colormaps[name]
 
 
+class MissingGlyphWarning(UserWarning):
+    """Some token characters have no glyph in the installed fonts (drawn as boxes)."""
+
+
 def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
-    """Save ``fig`` as PNG atomically at the figure's own size and DPI; returns the path."""
-    return write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=fig.dpi))
+    """Save ``fig`` as PNG atomically at the figure's own size and DPI; returns the path.
+
+    Characters no installed font can draw (e.g. Chinese without a CJK font) give one
+    :class:`MissingGlyphWarning` instead of matplotlib's warning per glyph.
+
+    Raises:
+        OSError: if the file cannot be written.
+    """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        written = write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=fig.dpi))
+    missing = []
+    for w in caught:
+        m = re.search(r"Glyph \d+ \((.*?)\) missing from font", str(w.message))
+        if m is None:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        else:
+            try:
+                char = m.group(1).encode("ascii", "backslashreplace").decode("unicode_escape")
+            except UnicodeDecodeError:
+                char = m.group(1)
+            if char not in missing:
+                missing.append(char)
+    if missing:
+        warnings.warn(
+            f"{len(missing)} character(s) of the tokens have no glyph in the installed fonts "
+            f"(e.g. {missing[0]}) and show as boxes in {Path(path).name}; install a font "
+            "that has them (for Chinese: apt-get install fonts-noto-cjk). index.html uses "
+            "the browser's fonts", MissingGlyphWarning, stacklevel=2)
+    return written
