@@ -92,13 +92,36 @@
   }
 
   // An L_q x L_k image of a matrix (one pixel per cell) on an offscreen canvas.
-  function imageOf(r, normalise) {
+  function imageOf(r) {
     const off = document.createElement("canvas");
     off.width = LK; off.height = LQ;
     const ctx = off.getContext("2d"), img = ctx.createImageData(LK, LQ), px = img.data;
-    const lo = normalise ? 0 : r.lo, hi = r.hi;
+    const lo = r.lo, hi = r.hi;
     for (let i = 0; i < LQ * LK; i++) {
       const c = colourIndex(r.m[i], lo, hi);
+      px[4 * i] = LUT[c]; px[4 * i + 1] = LUT[c + 1]; px[4 * i + 2] = LUT[c + 2]; px[4 * i + 3] = 255;
+    }
+    ctx.putImageData(img, 0, 0);
+    return off;
+  }
+
+  // A matrix max-pooled to at most `size` cells a side (thin diagonals survive), coloured
+  // from 0 to its maximum.
+  function pooledImage(r, size) {
+    const f = Math.max(1, Math.ceil(Math.max(LQ, LK) / size));
+    const R = Math.ceil(LQ / f), C = Math.ceil(LK / f), m = new Float32Array(R * C);
+    for (let i = 0; i < LQ; i++) {
+      const row = ((i / f) | 0) * C;
+      for (let j = 0; j < LK; j++) {
+        const v = r.m[i * LK + j], k = row + ((j / f) | 0);
+        if (v > m[k]) m[k] = v;
+      }
+    }
+    const off = document.createElement("canvas");
+    off.width = C; off.height = R;
+    const ctx = off.getContext("2d"), img = ctx.createImageData(C, R), px = img.data;
+    for (let i = 0; i < R * C; i++) {
+      const c = colourIndex(m[i], 0, r.hi);
       px[4 * i] = LUT[c]; px[4 * i + 1] = LUT[c + 1]; px[4 * i + 2] = LUT[c + 2]; px[4 * i + 3] = 255;
     }
     ctx.putImageData(img, 0, 0);
@@ -216,7 +239,7 @@
     const g = heatGeometry(cv.getContext("2d"));
     Object.assign(heat, g);
     const r = matrix(S.layer, S.head);
-    drawMatrixCanvas(cv, imageOf(r, false), g);
+    drawMatrixCanvas(cv, imageOf(r), g);
     $("cb-lo").textContent = fmt(r.lo);
     $("cb-hi").textContent = fmt(r.hi);
     if (PAT) drawPattern(g);
@@ -396,8 +419,7 @@
         cv.dataset.l = l; cv.dataset.h = h;
         cv.title = "layer " + l + ", head " + h;
         const ctx = sizeCanvas(cv, t, t);
-        ctx.imageSmoothingEnabled = LQ > t;
-        ctx.drawImage(imageOf(matrix(l, h), true), 0, 0, t, t);
+        ctx.drawImage(thumbnail(l, h, t), 0, 0, t, t);
         if (q !== null) {
           ctx.strokeStyle = "#d1495b";
           ctx.lineWidth = 1.5;
@@ -406,6 +428,21 @@
         grid.appendChild(cv);
       }
     }
+  }
+
+  // Thumbnails are drawn once per (layer, head, size, boost) and reused on every redraw.
+  const thumbs = new Map();
+  function thumbnail(l, h, t) {
+    const key = l + "," + h + "," + t + "," + S.boost;
+    if (!thumbs.has(key)) {
+      const dpr = window.devicePixelRatio || 1, c = document.createElement("canvas");
+      c.width = c.height = Math.round(t * dpr);
+      const ctx = c.getContext("2d");
+      ctx.imageSmoothingEnabled = false;
+      ctx.drawImage(pooledImage(matrix(l, h), c.width), 0, 0, c.width, c.height);
+      thumbs.set(key, c);
+    }
+    return thumbs.get(key);
   }
 
   function label(text) {
