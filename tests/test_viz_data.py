@@ -155,3 +155,29 @@ def test_summarize_words_and_min_distance():
         summarize(x, list("abcd"), min_distance=0)
     with pytest.raises(ValueError, match="self-attention"):
         summarize(np.zeros((2, 3)), ["a", "b"])
+
+
+def test_other_handformer_models():
+    from handformer.models.causal_lm import CausalLM
+    from handformer.models.causal_lm_config import CausalLMConfig
+    from handformer.models.decoder import DecoderOutput
+    from handformer.viz import plot_heads, render_html
+
+    config = CausalLMConfig(vocab_size=50, max_len=32, d_model=32, num_heads=4, num_layers=2,
+                            d_ff=64, attention="local", window_size=3)
+    lm = CausalLM(config).eval()
+    with torch.no_grad():
+        out = lm(torch.randint(0, 50, (1, 9)), need_weights=True)
+    x = as_attention_array(out)  # (2, 4, 9, 9), causal and local: zero outside the band
+    assert x.shape == (2, 4, 9, 9)
+    allowed = window_mask(9, 9, 3, causal=True).numpy()
+    assert np.all(x[..., ~allowed] == 0)
+    assert plot_heads(out, [str(i) for i in range(9)]).axes
+    assert "hf-data" in render_html(out, [str(i) for i in range(9)])
+
+    dec = DecoderOutput(torch.zeros(1, 3, 8), self_attentions=(torch.rand(1, 2, 3, 3),),
+                        cross_attentions=(torch.rand(1, 2, 3, 5),))
+    with pytest.raises(TypeError, match="pass one of its fields: cross_attentions, "
+                                        "self_attentions"):
+        as_attention_array(dec)
+    assert as_attention_array(dec.cross_attentions).shape == (1, 2, 3, 5)

@@ -104,8 +104,12 @@ def as_attention_array(attentions: object, *, batch_index: int = 0) -> np.ndarra
             layers.append(y)
         x = np.stack(layers)  # (N, H, L_q, L_k)
     else:
+        fields = sorted(n for n in dir(attentions)
+                        if n.endswith("attentions") and not n.startswith("_"))
+        hint = f"; pass one of its fields: {', '.join(fields)}" if fields else ""
         raise TypeError("attentions must be a tensor, an array, a sequence of per-layer tensors "
-                        f"or a model output with .attentions, got {type(attentions).__name__}")
+                        f"or a model output with .attentions, got {type(attentions).__name__}"
+                        + hint)
     if x.size == 0:
         raise ValueError(f"attentions is empty (shape {tuple(x.shape)})")
     if not np.isfinite(x).all():
