@@ -71,36 +71,38 @@ def mask_tile(mask: Tensor | None, r0: int, r1: int, c0: int, c1: int) -> Tensor
     return mask
 
 
-def tile_softmax(scores: Tensor, allowed: Tensor | None, user: Tensor | None,
-                 need_lse: bool) -> tuple[Tensor, Tensor | None]:
+def tile_softmax(scores: Tensor, blocked: Tensor | None, user: Tensor | None,
+                 need_lse: bool, *, empty: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """Masked softmax of one score tile, in place on ``scores``.
 
     Args:
         scores: ``(..., n, m)`` scaled scores (modified in place).
-        allowed: bool pattern broadcastable to ``scores`` (None = all allowed).
+        blocked: bool pattern broadcastable to ``scores``, True = *not* allowed (None = all
+            allowed).
         user: the user's mask tile: bool (True = may attend) or float bias, or None.
         need_lse: also return the log-sum-exp over the allowed entries.
+        empty: when ``user`` is None, the ``(n, 1)`` rows that ``blocked`` leaves empty, or None
+            if there are none (computed here when not given and ``user`` is set).
 
     Returns:
         ``(weights, lse)``; rows with no allowed entry get zero weights and ``lse = -inf``.
     """
-    float_bias = user is not None and user.dtype != torch.bool
-    if user is not None and not float_bias:
-        allowed = user if allowed is None else allowed & user
-    if float_bias:
-        scores.add_(user)
-    if allowed is not None:
-        scores.masked_fill_(~allowed, float("-inf"))
-    if float_bias:
-        empty = torch.isneginf(scores).all(dim=-1, keepdim=True)  # (..., n, 1)
-    elif allowed is not None:
-        empty = ~allowed.any(dim=-1, keepdim=True)  # (..., n, 1)
-    else:
-        empty = None
-    if empty is not None and bool(empty.any()):
+    if user is not None:
+        if user.dtype == torch.bool:
+            blocked = ~user if blocked is None else blocked | ~user
+        else:
+            scores.add_(user)
+    if blocked is not None:
+        scores.masked_fill_(blocked, float("-inf"))
+    if user is not None:
+        if user.dtype != torch.bool:
+            empty = torch.isneginf(scores).all(dim=-1, keepdim=True)  # (..., n, 1)
+        else:
+            empty = blocked.all(dim=-1, keepdim=True)  # (..., n, 1)
+        if not bool(empty.any()):
+            empty = None
+    if empty is not None:
         scores.masked_fill_(empty, 0.0)  # a finite row: no NaN in softmax or its gradient
-    else:
-        empty = None
     weights = torch.softmax(scores, dim=-1)
     lse = torch.logsumexp(scores, dim=-1, keepdim=True) if need_lse else None  # (..., n, 1)
     if empty is not None:
@@ -135,7 +137,7 @@ def band_partial(q: Tensor, k: Tensor, v: Tensor, *, pos_offset: int, lo: int | 
     key_start = max(key_start, 0)
     batch = q.shape[:-2]
     outs, lses, weights = [], [], []
-    templates: dict[tuple[int, int, int], Tensor | None] = {}
+    templates: dict[tuple[int, int, int], tuple[Tensor | None, Tensor | None]] = {}
     for r0 in range(0, L_q, block):
         r1 = min(r0 + block, L_q)
         n = r1 - r0
@@ -155,7 +157,9 @@ def band_partial(q: Tensor, k: Tensor, v: Tensor, *, pos_offset: int, lo: int | 
             templates[key] = _band_template(n, c1 - c0, shift, lo, hi, q.device)
         scores = torch.matmul(q[..., r0:r1, :], k[..., c0:c1, :].transpose(-2, -1))
         # scores: (..., n, m)
-        w, lse = tile_softmax(scores, templates[key], mask_tile(mask, r0, r1, c0, c1), need_lse)
+        blocked, empty = templates[key]
+        w, lse = tile_softmax(scores, blocked, mask_tile(mask, r0, r1, c0, c1), need_lse,
+                              empty=empty)
         outs.append(torch.matmul(w, v[..., c0:c1, :]))  # (..., n, D_v)
         if need_lse:
             lses.append(lse)
@@ -170,20 +174,25 @@ def band_partial(q: Tensor, k: Tensor, v: Tensor, *, pos_offset: int, lo: int | 
 
 
 def _band_template(n: int, m: int, shift: int, lo: int | None, hi: int | None,
-                   device: torch.device) -> Tensor | None:
-    """Bool ``(n, m)`` band for a tile whose entry ``(0, 0)`` has ``j - p = shift``."""
+                   device: torch.device) -> tuple[Tensor | None, Tensor | None]:
+    """``(blocked, empty)`` for a tile whose entry ``(0, 0)`` has ``j - p = shift``.
+
+    ``blocked`` is the bool ``(n, m)`` complement of the band (None when the whole tile is
+    inside it); ``empty`` the ``(n, 1)`` rows with no key in the band (None if none).
+    """
     lo_in = lo is None or shift - (n - 1) >= lo  # smallest j - p in the tile
     hi_in = hi is None or shift + (m - 1) <= hi  # largest j - p in the tile
     if lo_in and hi_in:
-        return None  # the whole tile is inside the band
+        return None, None  # the whole tile is inside the band
     rel = torch.arange(m, device=device) - torch.arange(n, device=device).unsqueeze(-1) + shift
     # rel: (n, m), j - p of every entry
-    allowed = torch.ones(n, m, dtype=torch.bool, device=device)
+    blocked = torch.zeros(n, m, dtype=torch.bool, device=device)
     if not lo_in:
-        allowed &= rel >= lo
+        blocked |= rel < lo
     if not hi_in:
-        allowed &= rel <= hi
-    return allowed
+        blocked |= rel > hi
+    empty = blocked.all(dim=-1, keepdim=True)  # (n, 1)
+    return blocked, (empty if bool(empty.any()) else None)
 
 
 def merge_partials(parts: list[Partial]) -> Partial:

@@ -159,9 +159,9 @@ def _residue_partial(q: Tensor, k: Tensor, v: Tensor, s: int, g: int, start: int
     a = torch.arange(n_q, device=dev).view(1, n_q, 1) + a0  # p = r + s * a
     b = torch.arange(n_k, device=dev).view(1, 1, n_k)  # j = r + s * b
     j = r + s * b  # (s, 1, n_k)
-    allowed = (b != a) & (j >= g) & (j < L_k)  # (s, n_q, n_k)
+    blocked = (b == a) | (j < g) | (j >= L_k)  # (s, n_q, n_k)
     if causal:
-        allowed &= b < a
+        blocked |= b >= a
     user = _mask_by_residue(mask, s, pad_q, n_q, n_k, R, L_k)
     batch = q.shape[:-2]
     per_row = max(1, math.prod(batch)) * s * n_k
@@ -171,7 +171,12 @@ def _residue_partial(q: Tensor, k: Tensor, v: Tensor, s: int, g: int, start: int
         c1 = min(c0 + chunk, n_q)
         scores = torch.matmul(qr[..., c0:c1, :], kr.transpose(-2, -1))  # (..., s, c, n_k)
         user_c = None if user is None else (user[..., c0:c1, :] if user.shape[-2] > 1 else user)
-        w, lse = tile_softmax(scores, allowed[:, c0:c1], user_c, need_lse=True)
+        blocked_c = blocked[:, c0:c1]
+        empty_c = None
+        if user_c is None:
+            empty_c = blocked_c.all(dim=-1, keepdim=True)  # (s, c, 1)
+            empty_c = empty_c if bool(empty_c.any()) else None
+        w, lse = tile_softmax(scores, blocked_c, user_c, need_lse=True, empty=empty_c)
         outs.append(torch.matmul(w, vr))  # (..., s, c, D_v)
         lses.append(lse)  # (..., s, c, 1)
         if need_weights:
