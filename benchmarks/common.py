@@ -46,15 +46,18 @@ def interleaved(fns: dict[str, Callable[[], object]], *, repeats: int, warmup: i
 
 
 def write_results(name: str, data: dict[str, object], markdown: str) -> None:
-    """Write ``results/<name>.json`` and ``results/<name>.md`` atomically."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    if QUICK:
-        name = f"{name}.quick"
+    """Write ``results/<name>.json`` and ``results/<name>.md`` atomically.
+
+    Quick (smoke-test) runs write to a temporary folder instead, so tests never touch the
+    recorded results.
+    """
+    out = Path(tempfile.gettempdir()) / "handformer-bench-quick" if QUICK else RESULTS
+    out.mkdir(parents=True, exist_ok=True)
     for suffix, text in ((".json", json.dumps(data, indent=2) + "\n"), (".md", markdown)):
-        fd, tmp = tempfile.mkstemp(dir=RESULTS, suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=out, suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             f.write(text)
-        os.replace(tmp, RESULTS / f"{name}{suffix}")
+        os.replace(tmp, out / f"{name}{suffix}")
 
 
 def machine_line() -> str:
