@@ -16,6 +16,8 @@ Shape letters: ``B`` batch, ``H`` heads, ``L`` length (``L_q`` queries, ``L_k`` 
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor
 
@@ -35,7 +37,15 @@ def check_mask(mask: Tensor, target_shape: tuple[int, ...], *, name: str = "mask
 
     Raises:
         TypeError: if ``mask`` is not a tensor, or is neither boolean nor floating.
-        ValueError: if ``mask`` does not broadcast to ``target_shape`` (without enlarging it).
+        ValueError: if ``mask`` does not broadcast to ``target_shape`` (without enlarging it),
+            or is a floating mask holding only 0 and 1 (a 1 = keep mask passed as a bias by
+            mistake; use ``mask.bool()``).
+
+    Warns:
+        UserWarning: for a boolean mask with no True entry (every row blocked; likely a
+            ``torch.nn.MultiheadAttention`` mask, True = blocked: use :func:`from_torch_mask`).
+
+    The value checks read the mask's data; they are skipped inside ``torch.compile``.
     """
     if not isinstance(mask, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(mask).__name__}")
@@ -54,7 +64,30 @@ def check_mask(mask: Tensor, target_shape: tuple[int, ...], *, name: str = "mask
         raise ValueError(
             f"{name} of shape {tuple(mask.shape)} does not broadcast to the attention "
             f"scores' shape {tuple(target_shape)} (..., L_q, L_k); a padding mask for "
-            f"(B, H, L_q, L_k) scores is (B, 1, 1, L_k)"
+            f"(B, H, L_q, L_k) scores is (B, 1, 1, L_k) (from a torch key_padding_mask "
+            f"(B, L_k) with True = padding: handformer.masks.from_torch_mask(m)[:, None, None, :])"
+        )
+    if mask.numel() and not torch.compiler.is_compiling():  # value checks read the data
+        _check_mask_values(mask, name)
+
+
+def _check_mask_values(mask: Tensor, name: str) -> None:
+    """Catch masks written in another library's convention (see :func:`check_mask`)."""
+    if mask.dtype == torch.bool:
+        if not bool(mask.any()):
+            warnings.warn(
+                f"{name} is a boolean mask with no True entry: every query attends nothing and "
+                f"the output is all zeros. handformer's boolean masks mean True = may attend; "
+                f"torch.nn.MultiheadAttention's mean True = blocked (convert them with "
+                f"handformer.masks.from_torch_mask)", UserWarning, stacklevel=3)
+        return
+    if bool(((mask == 0) | (mask == 1)).all()) and bool((mask == 1).any()):
+        raise ValueError(
+            f"{name} is a floating mask holding only 0 and 1: a floating mask is an additive "
+            f"bias, so this adds +1 to some scores and blocks nothing. For a 1 = keep / "
+            f"0 = padding mask pass {name}.bool() (or handformer.masks.from_hf_attention_mask "
+            f"for a (B, L_k) mask); if a 0/+1 bias is really meant, pass {name} - 1 (the same "
+            f"softmax)"
         )
 
 
@@ -129,7 +162,7 @@ def from_hf_attention_mask(attention_mask: Tensor) -> Tensor:
             f"attention_mask must be (B, L_k) with 1 = real token, got shape "
             f"{tuple(attention_mask.shape)}"
         )
-    if attention_mask.dtype != torch.bool:
+    if attention_mask.dtype != torch.bool and not torch.compiler.is_compiling():
         values = torch.unique(attention_mask)
         if not bool(((values == 0) | (values == 1)).all()):
             raise ValueError(
