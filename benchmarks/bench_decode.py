@@ -32,7 +32,7 @@ V = 1000
 SIZE = dict(d_model=32, num_heads=2, num_layers=1, d_ff=64) if QUICK else \
     dict(d_model=256, num_heads=4, num_layers=4, d_ff=1024)
 SHORT, LONG = (16, 64) if QUICK else (128, 1024)
-GEN_TOKENS = 16 if QUICK else 512
+GEN_TOKENS = 8 if QUICK else 512
 CONTEXTS = [32, 64] if QUICK else [1024, 2048, 4096, 8192, 16384]
 STEPS = 3 if QUICK else 16  # decode steps timed per measurement
 
@@ -76,7 +76,8 @@ def bench_generate() -> dict[str, float]:
     def gen(use_cache: bool) -> callable:
         return lambda: m.generate(prompt, max_new_tokens=GEN_TOKENS, use_cache=use_cache)
 
-    return interleaved({"cached": gen(True), "uncached": gen(False)}, repeats=3, warmup=0)
+    return interleaved({"cached": gen(True), "uncached": gen(False)}, repeats=1 if QUICK else 3,
+                       warmup=0)
 
 
 def bench_long_contexts() -> list[dict[str, float]]:

@@ -57,8 +57,10 @@ def test_logits_and_greedy_generation_match_transformers(tmp_path: Path, size: s
                                     pad_token_id=EOS)
     ours = model.generate(prompt, max_new_tokens=32, eos_token_id=EOS)
     assert ours.tolist() == theirs.tolist()
-    uncached = model.generate(prompt, max_new_tokens=32, eos_token_id=EOS, use_cache=False)
-    assert uncached.tolist() == ours.tolist()
+    if size == "tied-2x32":  # (the cache is tested for every kind in test_generate.py)
+        uncached = model.generate(prompt, max_new_tokens=32, eos_token_id=EOS,
+                                  use_cache=False)
+        assert uncached.tolist() == ours.tolist()
     assert ours.shape[1] > 5 + 8  # it did generate
 
 
