@@ -151,7 +151,9 @@ def run(args: argparse.Namespace) -> int:
         return 130
     ev = result.final_eval
     detail = "" if ev is None else " · eval " + ", ".join(
-        f"{k} {v:.4f}" for k, v in ev.items() if k not in ("split", "step"))
+        f"{k} {v:.4f}" for k, v in ev.items() if k not in ("split", "step", "elapsed_s"))
+    if ev is not None and "elapsed_s" in ev:
+        detail += f" · {ev['elapsed_s']:.1f} s of training"
     state = "finished" if result.finished else "stopped (resume with --resume)"
     print(f"{state} at step {result.step}{detail} · run folder {run_dir}")
     return 0

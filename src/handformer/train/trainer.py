@@ -307,6 +307,7 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, info: D.DistInfo) -
         from tqdm.auto import tqdm
 
         bar = tqdm(total=config.steps, initial=start, unit="step", dynamic_ncols=True,
+                   mininterval=0.5,
                    file=sys.stderr, desc=f"{config.task}")
     tokens_per_step = config.batch_size * task.seq_len
     model.train()
@@ -358,7 +359,7 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, info: D.DistInfo) -
                 log(result.final_eval)
                 if bar is not None:
                     bar.write(f"step {done}: eval " + ", ".join(
-                        f"{k} {v:.4f}" for k, v in ev.items()))
+                        f"{k} {v:.4f}" for k, v in ev.items()), file=sys.stderr)
             if bar is not None:
                 bar.update(1)
             interrupted = D.any_flag(stop.requested, info)
