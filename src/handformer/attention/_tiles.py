@@ -99,7 +99,7 @@ def tile_softmax(scores: Tensor, blocked: Tensor | None, user: Tensor | None,
             empty = torch.isneginf(scores).all(dim=-1, keepdim=True)  # (..., n, 1)
         else:
             empty = blocked.all(dim=-1, keepdim=True)  # (..., n, 1)
-        if not bool(empty.any()):
+        if not (torch.compiler.is_compiling() or bool(empty.any())):  # data-dependent
             empty = None
     if empty is not None:
         scores.masked_fill_(empty, 0.0)  # a finite row: no NaN in softmax or its gradient
@@ -192,7 +192,9 @@ def _band_template(n: int, m: int, shift: int, lo: int | None, hi: int | None,
     if not hi_in:
         blocked |= rel > hi
     empty = blocked.all(dim=-1, keepdim=True)  # (n, 1)
-    return blocked, (empty if bool(empty.any()) else None)
+    # bool() reads data: inside torch.compile keep the (maybe all-False) rows instead.
+    keep = torch.compiler.is_compiling() or bool(empty.any())
+    return blocked, (empty if keep else None)
 
 
 def merge_partials(parts: list[Partial]) -> Partial:

@@ -175,7 +175,8 @@ def _residue_partial(q: Tensor, k: Tensor, v: Tensor, s: int, g: int, start: int
         empty_c = None
         if user_c is None:
             empty_c = blocked_c.all(dim=-1, keepdim=True)  # (s, c, 1)
-            empty_c = empty_c if bool(empty_c.any()) else None
+            if not (torch.compiler.is_compiling() or bool(empty_c.any())):  # data-dependent
+                empty_c = None
         w, lse = tile_softmax(scores, blocked_c, user_c, need_lse=True, empty=empty_c)
         outs.append(torch.matmul(w, vr))  # (..., s, c, D_v)
         lses.append(lse)  # (..., s, c, 1)
