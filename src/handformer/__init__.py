@@ -26,6 +26,7 @@ from handformer.models.encoder import Encoder, EncoderOutput
 from handformer.models.transformer import Transformer, TransformerOutput
 from handformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from handformer.positional_rotary import ALiBi, RotaryEmbedding
+from handformer.pretrained import BertConfig, BertModel, embed, load_bert
 
 __version__ = "0.1.0"
 
@@ -60,4 +61,8 @@ __all__ = [
     "TransformerOutput",
     "RotaryEmbedding",
     "ALiBi",
+    "BertConfig",
+    "BertModel",
+    "load_bert",
+    "embed",
 ]
