@@ -184,3 +184,22 @@ def test_config_from_dict_reads_hf_keys() -> None:
     model = BertModel(c, add_pooling_layer=False)
     assert model.encoder.layers[0].norm1.eps == 1e-6
     assert isinstance(BertTokenizer, type)
+
+
+def test_local_attention_kind_on_a_checkpoint(tmp_path) -> None:
+    from handformer import LocalAttention
+    from handformer.masks import window_mask
+
+    ref = tiny_checkpoint(tmp_path)
+    enc = batch(lengths=(9, 9))
+    wide, _ = load_bert(tmp_path, attention=LocalAttention(2 * 9 + 1))
+    compare(wide, ref, enc)  # a window covering everything is full attention
+    narrow, _ = load_bert(tmp_path, attention=LocalAttention(3))
+    with torch.no_grad():
+        out = narrow(**enc, need_weights=True)
+        full = ref(**enc).last_hidden_state
+    outside = ~window_mask(9, 9, 3)  # (L, L)
+    for weights in out.attentions:
+        assert weights[..., outside].abs().max() == 0
+        torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
+    assert (out.last_hidden_state - full).abs().max() > 1e-3
