@@ -13,6 +13,7 @@ Usage: ``python benchmarks/bench_viz.py`` (``HANDFORMER_BENCH_QUICK=1`` for one 
 
 from __future__ import annotations
 
+import os
 import resource
 import statistics
 import subprocess
@@ -86,7 +87,9 @@ def main() -> int:
     import warnings
 
     warnings.simplefilter("ignore")  # the 512-token text is truncated on purpose
+    load_before = os.getloadavg()[0]
     cold = cold_start(1 if QUICK else 5)
+    cold["load_average_1min"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     html = viewer_512() if not QUICK else {"tokens": 0, "html_mb": 0.0, "write_s": 0.0}
     print(f"handformer viz cold start: {cold['viz_s']:.2f} s (median of {cold['repeats']}; "
           f"target <= {TARGET_S:.0f} s: {'met' if cold['within_target'] else 'MISSED'})")
@@ -112,6 +115,8 @@ def main() -> int:
         f"| CPU time (user + system): viz / import | {cold['viz_cpu_s']:.2f} s / "
         f"{cold['import_cpu_s']:.2f} s |",
         f"| target <= {TARGET_S:.0f} s | {'met' if cold['within_target'] else 'missed'} |",
+        f"| load average (1 min) before / after, on {os.cpu_count()} CPUs | "
+        f"{cold['load_average_1min'][0]} / {cold['load_average_1min'][1]} |",
         f"| index.html for {html['tokens']} tokens x 6 layers x 12 heads | "
         f"{html['html_mb']:.2f} MB, written in {html['write_s']:.2f} s |",
         "",
