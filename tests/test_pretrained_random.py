@@ -89,7 +89,7 @@ def test_vocab_txt_tokenizer_matches_transformers(tmp_path) -> None:
     _, tokenizer = load_bert(tmp_path)
     assert tokenizer.max_length == 64
     reference = transformers.BertTokenizer(str(tmp_path / "vocab.txt"), do_lower_case=True)
-    texts = ["The cat sat on the mat", "Blue birds SING loudly", "a dog ran"]
+    texts = ["The cat sat on the mat", "Blue birds SING loudly", "a dóg ran, fast!"]
     pairs = ["red house", "the tree", "big"]
     got = tokenizer(texts, pairs)
     want = reference(texts, pairs, padding=True, return_tensors="pt")

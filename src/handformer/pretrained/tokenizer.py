@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from tokenizers import Encoding, Tokenizer
-from tokenizers.implementations import BertWordPieceTokenizer
+from tokenizers import Encoding, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers.processors import TemplateProcessing
 from torch import Tensor
 
 __all__ = ["BertTokenizer"]
@@ -77,9 +77,8 @@ class BertTokenizer:
         if (path / "tokenizer.json").is_file():
             tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
         elif (path / "vocab.txt").is_file():
-            lowercase = bool(tok_config.get("do_lower_case", True))
-            tokenizer = BertWordPieceTokenizer(str(path / "vocab.txt"),
-                                               lowercase=lowercase)._tokenizer
+            tokenizer = wordpiece_from_vocab(path / "vocab.txt",
+                                             lowercase=bool(tok_config.get("do_lower_case", True)))
         else:
             raise FileNotFoundError(f"{path} has no tokenizer: expected tokenizer.json or "
                                     "vocab.txt")
@@ -174,6 +173,29 @@ class BertTokenizer:
 
     def __repr__(self) -> str:
         return f"BertTokenizer(vocab_size={self.vocab_size}, max_length={self.max_length})"
+
+
+def wordpiece_from_vocab(vocab_file: Path, *, lowercase: bool = True) -> Tokenizer:
+    """BERT's WordPiece pipeline from a ``vocab.txt``: BERT normalisation (clean-up, Chinese
+    characters split, optional lower-casing and accent stripping), split on whitespace and
+    punctuation, greedy longest-match WordPiece with ``##`` continuations, then
+    ``[CLS] A [SEP]`` / ``[CLS] A [SEP] B [SEP]`` with token types 0 / 1.
+
+    Raises:
+        ValueError: if the vocabulary lacks ``[CLS]``, ``[SEP]`` or ``[UNK]``.
+    """
+    vocab = models.WordPiece.read_file(str(vocab_file))
+    missing = [t for t in ("[CLS]", "[SEP]", "[UNK]") if t not in vocab]
+    if missing:
+        raise ValueError(f"{vocab_file} lacks the special tokens {missing}")
+    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.post_processor = TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
+    tokenizer.decoder = decoders.WordPiece()
+    return tokenizer
 
 
 def _check_text(text: object, where: str) -> str:
