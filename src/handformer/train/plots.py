@@ -71,28 +71,57 @@ def plot_loss_curve(metrics_path: Path, out: Path) -> Path:
     return save_figure(fig, out)
 
 
+def pick_head(attentions: tuple[torch.Tensor, ...], rows: slice, keys: slice
+              ) -> tuple[int, int, float]:
+    """The ``(layer, head, score)`` whose queries ``rows`` put the most weight on ``keys``
+    (for the synthetic tasks: the target positions reading the input), or, with all keys,
+    the most focused head (largest mean row maximum).
+
+    ``attentions``: one ``(1, H, L, L)`` tensor per layer.
+    """
+    best = (0, 0, -1.0)
+    everything = keys == slice(None)
+    for n, weights in enumerate(attentions):
+        w = weights[0, :, rows]  # (H, R, L)
+        score = w.max(-1).values.mean(-1) if everything else w[..., keys].sum(-1).mean(-1)
+        h = int(score.argmax())
+        if float(score[h]) > best[2]:
+            best = (n, h, float(score[h]))
+    return best
+
+
 @torch.no_grad()
 def plot_model_attention(model: nn.Module, ids: list[int], tokens: list[str], out: Path,
-                         *, title: str) -> Path:
-    """Every head of every layer of ``model`` on one input (the model view).
+                         *, title: str, head_out: Path | None = None,
+                         rows: slice = slice(None), keys: slice = slice(None)) -> Path:
+    """Every head of every layer of ``model`` on one input (the model view), and optionally
+    the head chosen by :func:`pick_head` on its own, with token labels.
 
     Args:
         model: a model whose forward takes ``(1, L)`` ids and ``need_weights=True`` and returns
             an output with ``.attentions``.
         ids: the input token ids.
         tokens: one label per id.
-        out: the PNG path.
+        out: the PNG path of the model view.
         title: the figure title.
+        head_out: the PNG path of the one-head picture (None: not drawn).
+        rows, keys: what :func:`pick_head` looks at.
 
     Returns:
         ``out``.
     """
-    from handformer.viz.heatmap import plot_heads, save_figure
+    from handformer.viz.heatmap import plot_attention, plot_heads, save_figure
 
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     output = model(torch.tensor([ids], device=device), need_weights=True)
     model.train(was_training)
-    fig = plot_heads(output.attentions, tokens, title=title)
-    return save_figure(fig, out)
+    save_figure(plot_heads(output.attentions, tokens, title=title), out)
+    if head_out is not None:
+        layer, head, _ = pick_head(output.attentions, rows, keys)
+        what = "reading the input" if keys != slice(None) else "the most focused head"
+        fig = plot_attention(output.attentions[layer][0, head], tokens,
+                             title=f"Layer {layer}, head {head} ({what})")
+        save_figure(fig, head_out)
+    return out

@@ -15,6 +15,8 @@ RUN_DIR`` read, and what ``--resume RUN_DIR`` continues)::
       summary.json          written when the run finishes: final step and evaluation
       loss.png              loss curve (end of run)
       attention.png         every head of the trained model on a held-out example
+      attention_head.png    one head of it, with tokens: for copy/reverse/sort the head that
+                            reads the input most (for reverse: the anti-diagonal)
 
 Determinism: the batch of a step is a function of ``(seed, step)`` only, the learning rate a
 function of the step, and the checkpoint holds the weights, the AdamW state and the RNG
@@ -379,12 +381,16 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, info: D.DistInfo) -
 
 def _finish(model: CausalLM, task: Task, config: TrainConfig, run_dir: Path,
             result: TrainResult) -> None:
-    """summary.json, loss.png and attention.png of a finished run."""
+    """summary.json, loss.png, attention.png and attention_head.png of a finished run."""
     from handformer.train.plots import plot_loss_curve, plot_model_attention
 
     _write_json(run_dir / "summary.json", {"step": result.step, "final_eval": result.final_eval})
     plot_loss_curve(run_dir / METRICS_NAME, run_dir / "loss.png")
     text = task.example()
     ids = task.vocab.encode(text)
+    n = config.length
+    rows, keys = ((slice(n, 2 * n), slice(0, n)) if isinstance(task, SequenceTask)
+                  else (slice(None), slice(None)))
     plot_model_attention(model, ids, list(text), run_dir / "attention.png",
-                         title=f"{config.task}: every head on {text!r}")
+                         title=f"{config.task}: every head on {text!r}",
+                         head_out=run_dir / "attention_head.png", rows=rows, keys=keys)
