@@ -13,7 +13,7 @@ tensor per layer), one layer's weights, or one head's ``(L, L)`` matrix.
 """
 
 from handformer.viz.data import LayerSummary, as_attention_array, summarize
-from handformer.viz.heatmap import plot_attention, plot_heads, save_figure
+from handformer.viz.heatmap import MissingGlyphWarning, plot_attention, plot_heads, save_figure
 from handformer.viz.html import render_html, save_html
 from handformer.viz.notebook import AttentionView
 
@@ -27,4 +27,5 @@ __all__ = [
     "summarize",
     "LayerSummary",
     "as_attention_array",
+    "MissingGlyphWarning",
 ]

@@ -73,6 +73,9 @@ def render_html(attentions: object, tokens: Sequence[str], *, title: str | None 
 
     Returns:
         The complete HTML document.
+
+    Raises:
+        ValueError, TypeError: for inputs that do not fit together (see the messages).
     """
     x = as_attention_array(attentions)  # (N, H, L_q, L_k)
     N, H, L_q, L_k = x.shape
