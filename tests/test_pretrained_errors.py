@@ -246,3 +246,46 @@ def test_embed_argument_errors(ckpt) -> None:
     model.train()
     embed(["the cat"], model=model, tokenizer=tokenizer)
     assert model.training  # restored
+
+
+def test_transforms_split_a_fused_matrix(tmp_path) -> None:
+    """What a GPT-2 loader needs: one stored Conv1D ``(E, 3E)`` matrix -> three Linears."""
+
+    class Attn(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q, self.k, self.v = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+
+    fused_w, fused_b = torch.randn(4, 12), torch.randn(12)
+    path = tmp_path / "attn.safetensors"
+    save_file({"c_attn.weight": fused_w, "c_attn.bias": fused_b}, path)
+
+    def key_map(key: str):
+        leaf = key.rsplit(".", 1)[1]
+        return [(f"{name}.{leaf}", (lambda t, i=i: t[..., 4 * i:4 * i + 4].mT)
+                 if leaf == "weight" else (lambda t, i=i: t[4 * i:4 * i + 4]))
+                for i, name in enumerate("qkv")]
+
+    model = Attn()
+    report = load_safetensors(model, path, key_map)
+    assert len(report.loaded) == 6
+    for i, lin in enumerate((model.q, model.k, model.v)):
+        assert torch.equal(lin.weight, fused_w[:, 4 * i:4 * i + 4].T)
+        assert torch.equal(lin.bias, fused_b[4 * i:4 * i + 4])
+        assert lin.weight.is_contiguous()
+
+    def wrong(key: str):
+        if key.endswith("weight"):
+            return [("q.weight", lambda t: t[:, :5]), ("k.weight", lambda t: t.view(5, 5)),
+                    ("v.weight", lambda t: t[:, 8:].T)]
+        return key_map(key)
+
+    fresh = Attn()
+    before = state_hash(fresh)
+    with pytest.raises(CheckpointError) as info:
+        load_safetensors(fresh, path, wrong)
+    msg = str(info.value)
+    assert "2 mis-shaped keys" in msg
+    assert "c_attn.weight: model q.weight expects (4, 4), found (4, 5) after the key map's" in msg
+    assert "model k.weight expects (4, 4), found an error in the transform" in msg
+    assert state_hash(fresh) == before

@@ -41,7 +41,7 @@ DTYPES: dict[str, torch.dtype] = {
     "U8": torch.uint8, "BOOL": torch.bool,
 }
 
-KeyMap = Callable[[str], "str | None"] | Mapping[str, "str | None"]
+KeyMap = Callable[[str], object] | Mapping[str, object]
 
 
 class CheckpointError(ValueError):
@@ -114,12 +114,25 @@ def read_safetensors_header(path: str | os.PathLike) -> tuple[dict[str, dict], i
     return header, 8 + n
 
 
-def _resolve(key_map: KeyMap | None, key: str) -> str | None:
+Transform = Callable[[Tensor], Tensor]
+Target = tuple[str, "Transform | None"]
+
+
+def _resolve(key_map: KeyMap | None, key: str) -> list[Target] | None:
+    """The key map's answer as a list of ``(model key, transform or None)``; None = skip."""
     if key_map is None:
-        return key
-    if isinstance(key_map, Mapping):
-        return key_map.get(key, key)
-    return key_map(key)
+        result: object = key
+    elif isinstance(key_map, Mapping):
+        result = key_map.get(key, key)
+    else:
+        result = key_map(key)
+    if result is None:
+        return None
+    if isinstance(result, str):
+        return [(result, None)]
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], str):
+        return [result]  # type: ignore[list-item]
+    return [(t, None) if isinstance(t, str) else tuple(t) for t in result]  # type: ignore[misc]
 
 
 def _model_entries(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, list[str]]]:
@@ -137,39 +150,43 @@ def _fmt_shape(shape: object) -> str:
 
 
 def _plan(model: nn.Module, header: dict[str, dict], key_map: KeyMap | None,
-          path: Path) -> tuple[list[tuple[str, str]], list[str]]:
+          path: Path) -> tuple[list[tuple[str, str, Transform | None]], list[str]]:
     """Match checkpoint keys to model keys; raise one error listing every problem."""
     state, aliases = _model_entries(model)
-    plan: list[tuple[str, str]] = []
+    plan: list[tuple[str, str, Transform | None]] = []
     skipped: list[str] = []
     covered: dict[str, str] = {}  # first alias of a group -> checkpoint key
     unexpected, mis_shaped, bad_dtype, duplicated = [], [], [], []
     for ckpt_key in sorted(header):
         info = header[ckpt_key]
-        target = _resolve(key_map, ckpt_key)
-        if target is None:
+        targets = _resolve(key_map, ckpt_key)
+        if targets is None:
             skipped.append(ckpt_key)
             continue
-        if target not in state:
-            unexpected.append(f"{ckpt_key} {_fmt_shape(info['shape'])}"
-                              + (f" (mapped to {target})" if target != ckpt_key else ""))
-            continue
-        group = aliases[target][0]
-        if group in covered:
-            duplicated.append(f"{ckpt_key} and {covered[group]} both load {target}")
-            continue
-        covered[group] = ckpt_key
-        expected = state[target]
-        if tuple(info["shape"]) != tuple(expected.shape):
-            mis_shaped.append(f"{ckpt_key}: model {target} expects "
-                              f"{_fmt_shape(expected.shape)}, found {_fmt_shape(info['shape'])}")
-            continue
         dtype = DTYPES.get(info["dtype"])
-        if dtype is None or dtype.is_floating_point != expected.dtype.is_floating_point:
-            bad_dtype.append(f"{ckpt_key}: dtype {info['dtype']} cannot load into {target} "
-                             f"({expected.dtype})")
-            continue
-        plan.append((ckpt_key, target))
+        for target, transform in targets:
+            if target not in state:
+                unexpected.append(f"{ckpt_key} {_fmt_shape(info['shape'])}"
+                                  + (f" (mapped to {target})" if target != ckpt_key else ""))
+                continue
+            group = aliases[target][0]
+            if group in covered:
+                duplicated.append(f"{ckpt_key} and {covered[group]} both load {target}")
+                continue
+            covered[group] = ckpt_key
+            expected = state[target]
+            if dtype is None or dtype.is_floating_point != expected.dtype.is_floating_point:
+                bad_dtype.append(f"{ckpt_key}: dtype {info['dtype']} cannot load into "
+                                 f"{target} ({expected.dtype})")
+                continue
+            shape = _shape_after(transform, info["shape"], dtype)
+            if shape != tuple(expected.shape):
+                via = "" if transform is None else " after the key map's transform"
+                mis_shaped.append(f"{ckpt_key}: model {target} expects "
+                                  f"{_fmt_shape(expected.shape)}, found "
+                                  f"{shape if isinstance(shape, str) else _fmt_shape(shape)}{via}")
+                continue
+            plan.append((ckpt_key, target, transform))
     missing = [f"{names[0]} {_fmt_shape(state[names[0]].shape)}"
                for names in {tuple(v) for v in aliases.values()} if names[0] not in covered]
     problems = []
@@ -185,6 +202,17 @@ def _plan(model: nn.Module, header: dict[str, dict], key_map: KeyMap | None,
             "loaded.\n" + "\n".join(problems)
         )
     return plan, skipped
+
+
+def _shape_after(transform: Transform | None, shape: list[int], dtype: torch.dtype
+                 ) -> tuple[int, ...] | str:
+    """The shape a transform produces, found on a meta tensor (no data is read)."""
+    if transform is None:
+        return tuple(shape)
+    try:
+        return tuple(transform(torch.empty(shape, dtype=dtype, device="meta")).shape)
+    except Exception as exc:  # noqa: BLE001 - reported with the other problems
+        return f"an error in the transform: {exc}"
 
 
 def _read_tensors(path: Path, header: dict[str, dict], data_start: int,
@@ -215,7 +243,11 @@ def load_safetensors(model: nn.Module, path: str | os.PathLike,
         path: a ``.safetensors`` file. Pickle checkpoints are refused.
         key_map: checkpoint key -> model state-dict key, as a function or a mapping (keys
             absent from a mapping keep their name); ``None`` as the result skips the key on
-            purpose (e.g. a task head or a constant buffer). Default: names unchanged.
+            purpose (e.g. a task head or a constant buffer). A result may also be a
+            ``(model key, transform)`` pair or a list of such pairs (and plain keys): the
+            transform maps the stored tensor to the parameter's value, e.g. a transpose, or
+            one third of a fused query/key/value matrix; shapes are checked by running it on
+            a meta tensor before anything is read. Default: names unchanged.
         assign: replace the parameters by the loaded tensors (cast to each parameter's dtype
             and device) instead of copying into them. Use it for models built on the
             ``meta`` device: no memory is spent on throw-away initial weights.
@@ -232,12 +264,17 @@ def load_safetensors(model: nn.Module, path: str | os.PathLike,
     path = Path(path)
     header, data_start = read_safetensors_header(path)
     plan, skipped = _plan(model, header, key_map, path)
-    tensors = _read_tensors(path, header, data_start, [k for k, _ in plan])
+    tensors = _read_tensors(path, header, data_start, sorted({k for k, _, _ in plan}))
+    values = {}
+    for ckpt_key, target, transform in plan:  # every value is ready before any is installed
+        value = tensors[ckpt_key]
+        values[target] = value if transform is None else transform(value).contiguous()
+    del tensors
     _, aliases = _model_entries(model)
     with torch.no_grad():
-        for ckpt_key, target in plan:
-            _install(model, aliases[target], tensors.pop(ckpt_key), assign=assign)
-    return LoadReport(loaded=plan, skipped=skipped)
+        for _, target, _ in plan:
+            _install(model, aliases[target], values.pop(target), assign=assign)
+    return LoadReport(loaded=[(k, t) for k, t, _ in plan], skipped=skipped)
 
 
 def _install(model: nn.Module, names: list[str], value: Tensor, *, assign: bool) -> None:
