@@ -67,6 +67,7 @@ def test_similarity_table_cuts_long_labels() -> None:
     assert "xxxxxxxxx…" in table and "x" * 11 not in table
 
 
+@pytest.mark.slow
 def test_bench_embed_quick_mode_writes_results(tmp_path) -> None:
     env = {**os.environ, "HANDFORMER_BENCH_QUICK": "1", "TMPDIR": str(tmp_path)}
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_embed.py")],
