@@ -25,10 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["BLOCK", "Partial", "prepare", "as_2d_mask", "mask_tile", "tile_softmax",
+__all__ = ["BLOCK", "GROUP", "Partial", "prepare", "as_2d_mask", "mask_tile", "tile_softmax",
            "band_partial", "merge_partials"]
 
 BLOCK = 128  # query rows per tile; measured best on the 2-core CPU (see design.md)
+GROUP = 2  # tiles per step in the maskless path
 
 
 @dataclass
@@ -135,6 +136,9 @@ def band_partial(q: Tensor, k: Tensor, v: Tensor, *, pos_offset: int, lo: int | 
     L_q, L_k = q.shape[-2], k.shape[-2]
     key_stop = L_k if key_stop is None else min(key_stop, L_k)
     key_start = max(key_start, 0)
+    if (mask is None and not need_weights and lo is not None and hi is not None
+            and hi - lo < key_stop - key_start):  # wider bands: the per-block clipping wins
+        return _uniform_band(q, k, v, pos_offset, lo, hi, key_start, key_stop, need_lse, block)
     batch = q.shape[:-2]
     outs, lses, weights = [], [], []
     templates: dict[tuple[int, int, int], tuple[Tensor | None, Tensor | None]] = {}
@@ -171,6 +175,64 @@ def band_partial(q: Tensor, k: Tensor, v: Tensor, *, pos_offset: int, lo: int | 
         lse=torch.cat(lses, dim=-2) if need_lse and lses else None,  # (..., L_q, 1)
         weights=torch.cat(weights, dim=-2) if need_weights and weights else None,
     )
+
+
+def _uniform_band(q: Tensor, k: Tensor, v: Tensor, pos_offset: int, lo: int, hi: int,
+                  key_start: int, key_stop: int, need_lse: bool, block: int) -> Partial:
+    """:func:`band_partial` without a user mask or weights, :data:`GROUP` blocks per step.
+
+    Every block of ``n`` queries sees a window of ``m = n + hi - lo`` keys at the same offset,
+    so after zero-padding the keys the windows are one strided view (``unfold``) and a single
+    ``(n, m)`` template masks the band. Keys outside ``[key_start, key_stop)`` get ``-inf``
+    (only in the blocks that have some); rows that reach no key are skipped and return zeros.
+    """
+    L_q = q.shape[-2]
+    batch, D_v = q.shape[:-2], v.shape[-1]
+    # rows whose band meets [key_start, key_stop): a contiguous range, as p grows with i
+    i0 = max(0, key_start - hi - pos_offset)
+    i1 = min(L_q, key_stop - lo - pos_offset)
+    if i1 <= i0 or key_stop <= key_start or hi < lo:
+        return Partial(out=v.new_zeros(*batch, L_q, D_v),
+                       lse=q.new_full((*batch, L_q, 1), float("-inf")) if need_lse else None)
+    R = i1 - i0
+    n = min(block, R)
+    nb = math.ceil(R / n)
+    m = n + hi - lo
+    start = i0 + pos_offset + lo  # key position of the first window's first column
+    end = start + (nb - 1) * n + m
+    a, b = max(start, key_start), min(end, key_stop)  # real keys used (a < b: row i0 has one)
+    pad = (a - start, end - b)
+    kw = F.pad(k[..., a:b, :], (0, 0, *pad)).unfold(-2, m, n)  # (..., nb, D, m)
+    vw = F.pad(v[..., a:b, :], (0, 0, *pad)).unfold(-2, m, n).transpose(-2, -1)
+    # vw: (..., nb, m, D_v)
+    qb = F.pad(q[..., i0:i1, :], (0, 0, 0, nb * n - R)).unflatten(-2, (nb, n))
+    # qb: (..., nb, n, D)
+    t = torch.arange(m, device=q.device)
+    r = torch.arange(n, device=q.device).unsqueeze(-1)
+    band = (t < r) | (t > r + (hi - lo))  # (n, m), True = outside the band
+    cols = start + torch.arange(nb, device=q.device).unsqueeze(-1) * n + t  # (nb, m)
+    outside = ((cols < key_start) | (cols >= key_stop)).unsqueeze(-2)  # (nb, 1, m)
+    has_outside = outside.flatten(1).any(dim=-1).tolist()
+    pad_rows = torch.arange(nb * n, device=q.device).view(nb, n, 1) >= R  # (nb, n, 1)
+    outs, lses = [], []
+    for g0 in range(0, nb, GROUP):
+        g1 = min(g0 + GROUP, nb)
+        scores = torch.matmul(qb[..., g0:g1, :, :], kw[..., g0:g1, :, :])  # (..., G, n, m)
+        scores.masked_fill_(band, float("-inf"))
+        if any(has_outside[g0:g1]):
+            scores.masked_fill_(outside[g0:g1], float("-inf"))
+        if g1 == nb and nb * n > R:
+            scores.masked_fill_(pad_rows[g0:g1], 0.0)  # padded rows: finite, discarded
+        outs.append(torch.matmul(torch.softmax(scores, dim=-1), vw[..., g0:g1, :, :]))
+        if need_lse:
+            lses.append(torch.logsumexp(scores, dim=-1, keepdim=True))  # (..., G, n, 1)
+    out = torch.cat(outs, dim=-3).flatten(-3, -2)[..., :R, :]  # (..., R, D_v)
+    out = F.pad(out, (0, 0, i0, L_q - i1))  # (..., L_q, D_v)
+    lse = None
+    if need_lse:
+        lse = torch.cat(lses, dim=-3).flatten(-3, -2)[..., :R, :]  # (..., R, 1)
+        lse = F.pad(lse, (0, 0, i0, L_q - i1), value=float("-inf"))  # (..., L_q, 1)
+    return Partial(out=out, lse=lse)
 
 
 def _band_template(n: int, m: int, shift: int, lo: int | None, hi: int | None,
