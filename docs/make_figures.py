@@ -1,0 +1,232 @@
+"""Draw the tutorial's pictures from the library itself into docs/img/ (run by `make docs`).
+
+    .venv/bin/python docs/make_figures.py            # every picture (about a minute on 2 cores)
+    .venv/bin/python docs/make_figures.py patterns   # only the ones whose name contains it
+
+Nothing here is drawn by hand: the attention maps come from the bundled all-MiniLM-L6-v2 and
+from a model trained here on ``reverse``; the patterns come from the attention kinds; the
+"seed, as written" panels run the arithmetic of the seed tutorial's section 7 masks. The cost
+curves of chapter 7 are drawn by docs/make_benchmarks.py from benchmarks/results/.
+
+Shape letters: ``L`` length, ``D`` head dim, ``H`` heads.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import ListedColormap
+from matplotlib.figure import Figure
+
+import handformer as hf
+from handformer.viz import plot_attention, plot_heads, save_figure
+
+IMG = Path(__file__).resolve().parent / "img"
+SENTENCE = "The animal didn't cross the street because it was too tired"
+PATTERN_CMAP = ListedColormap(["#eeeeee", "#3b4a6b"])  # blocked, allowed
+
+
+def new_figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def bert_attention() -> tuple[tuple[torch.Tensor, ...], list[str]]:
+    from handformer.pretrained import load_bert
+
+    model, tokenizer = load_bert()
+    with torch.no_grad():
+        out = model(**tokenizer([SENTENCE]), need_weights=True)
+    return out.attentions, tokenizer.tokens(SENTENCE)
+
+
+def seed_attention() -> None:
+    """Chapter 5: one head of the pretrained model on the seed's sentence, and every head."""
+    attentions, tokens = bert_attention()
+    fig = plot_attention(attentions[3][0, 1], tokens,
+                         title="all-MiniLM-L6-v2, layer 3, head 1: 'it' -> 'animal'")
+    save_figure(fig, IMG / "seed_attention.png")
+    fig = plot_heads(attentions, tokens,
+                     title="all-MiniLM-L6-v2 on the seed's sentence: 6 layers x 12 heads")
+    save_figure(fig, IMG / "seed_heads.png")
+
+
+# ---- chapter 7: what the seed's variants compute, and handformer's patterns ----------------
+
+def _softmax_with_bias(scores: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(scores + bias, dim=-1)
+
+
+def seed_local_bias(L: int, window_size: int) -> torch.Tensor:
+    """The bias the seed's local_attention ends up adding: its mask (1 inside the window,
+    -1e9 outside), multiplied by -1e9 inside its scaled_dot_product_attention."""
+    mask = torch.ones(L, L, dtype=torch.float64)
+    for i in range(L):
+        mask[i, :max(0, i - window_size // 2)] = -1e9
+        mask[i, min(L, i + window_size // 2 + 1):] = -1e9
+    return mask * -1e9
+
+
+def seed_sparse_bias(L: int, stride: int) -> torch.Tensor:
+    """The bias of the seed's sparse_attention: rows 0, stride, ... marked 1, turned into
+    (1 - mask) * -1e9, then multiplied by -1e9 again."""
+    mask = torch.zeros(L, L, dtype=torch.float64)
+    mask[::stride, :] = 1
+    return ((1.0 - mask) * -1e9) * -1e9
+
+
+def seed_variants() -> None:
+    """Top: the weights the seed's three variants produce. Bottom: handformer's."""
+    L, D = 16, 16
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(L, D, generator=g, dtype=torch.float64) for _ in range(3))
+    scores = q @ k.T / math.sqrt(D)  # (L, L)
+    seed_linear = (q @ k.T) / ((q @ k.sum(0))[:, None] + 1e-6)  # (L, L) raw features
+    top = [
+        ("seed local_attention(w=3)", _softmax_with_bias(scores, seed_local_bias(L, 3))),
+        ("seed sparse_attention(stride=2)", _softmax_with_bias(scores, seed_sparse_bias(L, 2))),
+        ("seed linear_attention", seed_linear),
+    ]
+    bottom = [
+        ("hf.local_attention(w=3)", hf.local_attention(q, k, v, 3, need_weights=True)[1]),
+        ("hf.strided_attention(stride=4)",
+         hf.strided_attention(q, k, v, 4, need_weights=True)[1]),
+        ("hf.linear_attention", hf.linear_attention(q, k, v, need_weights=True)[1]),
+    ]
+    fig = new_figure(11.5, 7.6)
+    axes = fig.subplots(2, 3)
+    for ax, (title, w) in zip(axes[0], top):
+        w = w.numpy()
+        signed = w.min() < 0
+        note = f"\nweights in [{w.min():.2f}, {w.max():.2f}]"
+        if signed:  # a distribution stays in [0, 1]: clip the colours there, say the range
+            note += f", {(w < 0).mean():.0%} negative\n(colours clipped to [-1, 1])"
+        im = ax.imshow(w, cmap="RdBu_r" if signed else "viridis", vmin=-1 if signed else 0,
+                       vmax=1 if signed else float(w.max()), interpolation="nearest")
+        ax.set_title(title + note, fontsize=10)
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
+    for ax, (title, w) in zip(axes[1], bottom):
+        im = ax.imshow(w.numpy(), cmap="viridis", vmin=0, interpolation="nearest")
+        ax.set_title(f"{title}\nweights in [{float(w.min()):.2f}, {float(w.max()):.2f}]",
+                     fontsize=10)
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
+    for ax in axes.flat:
+        ax.set_xlabel("key", fontsize=9)
+        ax.set_ylabel("query", fontsize=9)
+        ax.tick_params(labelsize=7)
+    fig.suptitle("Top: the seed's section 7 code as written (16 random queries and keys). "
+                 "Bottom: handformer on the same inputs.", fontsize=11)
+    save_figure(fig, IMG / "seed_variants.png")
+
+
+def patterns() -> None:
+    """The keys each query may reach (top) and the weights on random inputs (bottom)."""
+    L, D = 32, 16
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, L, D, generator=g) for _ in range(3))
+    kinds = [
+        ("LocalAttention(9)", hf.LocalAttention(9), False),
+        ("LocalAttention(9), causal", hf.LocalAttention(9), True),
+        ("StridedAttention(6, global_tokens=1)", hf.StridedAttention(6, global_tokens=1), False),
+        ("StridedAttention(6), causal", hf.StridedAttention(6), True),
+        ("LinearAttention(), causal", hf.LinearAttention(), True),
+    ]
+    fig = new_figure(16, 7.2)
+    axes = fig.subplots(2, len(kinds))
+    for col, (name, kind, causal) in enumerate(kinds):
+        allowed = kind.pattern(L, L, causal=causal)
+        allowed = torch.ones(L, L, dtype=torch.bool) if allowed is None else allowed
+        axes[0, col].imshow(allowed.numpy(), cmap=PATTERN_CMAP, vmin=0, vmax=1,
+                            interpolation="nearest")
+        share = allowed.float().mean().item()
+        axes[0, col].set_title(f"{name}\n{share:.0%} of the {L}x{L} pairs", fontsize=10)
+        _, w = kind(q, k, v, causal=causal, need_weights=True)
+        axes[1, col].imshow(w[0].numpy(), cmap="viridis", vmin=0, interpolation="nearest")
+        axes[1, col].set_title("weights (need_weights=True)", fontsize=10)
+        for row in range(2):
+            axes[row, col].tick_params(labelsize=7)
+            axes[row, col].set_xlabel("key", fontsize=9)
+        axes[0, col].set_ylabel("query", fontsize=9)
+    fig.suptitle(f"Attention patterns at L={L}: allowed keys (dark) and the weights each kind "
+                 "returns on random inputs", fontsize=12)
+    save_figure(fig, IMG / "patterns.png")
+
+
+# ---- chapter 8: the reverse task -----------------------------------------------------------
+
+def reverse_config():  # noqa: ANN201 - TrainConfig, imported lazily
+    """The tutorial's tiny run (chapter 8 trains exactly this)."""
+    from handformer.train import TrainConfig
+
+    return TrainConfig(task="reverse", length=6, num_symbols=8, num_layers=1, d_model=32,
+                       num_heads=2, d_ff=64, steps=100, batch_size=32, lr=1e-2, warmup=20,
+                       eval_every=50, eval_size=200, log_every=10, ckpt_every=50, threads=1,
+                       progress=False)
+
+
+def mirror_share(model: hf.CausalLM, task) -> torch.Tensor:  # noqa: ANN001
+    """Per head ``(H,)``: the mean weight the target queries put on the mirrored key."""
+    x = torch.cat([b.input_ids for b in task.eval_batches(200)])[:200]  # (B, L)
+    keys = task.mirrored_keys()  # (L,), -1 = no mirrored key
+    rows = (keys >= 0).nonzero().squeeze(1)  # the target positions
+    with torch.no_grad():
+        w = model(x, need_weights=True).attentions[0]  # (B, H, L, L)
+    return w[:, :, rows, keys[rows]].mean(dim=(0, 2))  # (H,)
+
+
+def reverse_training() -> None:
+    from handformer.train import train
+    from handformer.train.trainer import build_task
+
+    config = reverse_config()
+    task = build_task(config)
+    text = task.example()
+    ids = torch.tensor([task.vocab.encode(text)])  # (1, L)
+    torch.manual_seed(config.seed)  # the trainer's initial weights: same seed, same model
+    model = hf.CausalLM(config.model_config(vocab_size=len(task.vocab), max_len=task.max_len))
+    snapshots = []
+    with tempfile.TemporaryDirectory() as tmp:
+        run, done = Path(tmp) / "reverse", 0
+        for stop in (0, 20, 35, 50, 100):
+            if stop:
+                train(replace(config, stop_after=stop - done), run, resume=done > 0)
+                model, done = hf.CausalLM.from_pretrained(run), stop
+            model.eval()
+            with torch.no_grad():
+                w = model(ids, need_weights=True).attentions[0][0]  # (H, L, L)
+            snapshots.append((stop, w, mirror_share(model, task)))
+    best = int(snapshots[-1][2].argmax())
+    fig = new_figure(3.3 * len(snapshots), 3.9)
+    axes = fig.subplots(1, len(snapshots))
+    for ax, (step, w, share) in zip(axes, snapshots):
+        plot_attention(w[best], list(text), ax=ax,
+                       title=f"step {step}: {share[best]:.0%} on the mirror")
+    fig.suptitle(f"Training on reverse: head {best} of the 1-layer model on {text!r} "
+                 "(queries are rows)", fontsize=12)
+    save_figure(fig, IMG / "reverse_training.png")
+
+
+FIGURES = {"seed_attention": seed_attention, "seed_variants": seed_variants,
+           "patterns": patterns, "reverse_training": reverse_training}
+
+
+def main(names: list[str]) -> int:
+    IMG.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    for name, draw in FIGURES.items():
+        if names and not any(n in name for n in names):
+            continue
+        print(f"drawing {name}", flush=True)
+        draw()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
