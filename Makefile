@@ -43,5 +43,10 @@ test: $(VENV)/.test-installed browser-deps
 bench: $(VENV)/.test-installed
 	$(PY) benchmarks/run_all.py
 
+# The tutorial's pictures (docs/img/) and docs/benchmarks.md from benchmarks/results/.
+docs: $(VENV)/.installed
+	MPLBACKEND=Agg $(PY) docs/make_figures.py
+	MPLBACKEND=Agg $(PY) docs/make_benchmarks.py
+
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

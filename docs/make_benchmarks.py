@@ -1,0 +1,380 @@
+"""Write docs/benchmarks.md and its plots (docs/img/bench_*.png) from benchmarks/results/*.json.
+
+    .venv/bin/python docs/make_benchmarks.py            # run by `make docs`, after `make bench`
+    .venv/bin/python docs/make_benchmarks.py DIR        # read DIR/*.json instead
+
+It only reads the recorded results; it measures nothing. A results file that is missing (or
+written by an older version of its benchmark) gets a line saying so instead of a section, so the
+report can always be regenerated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import NullLocator
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+DOCS = ROOT / "docs"
+IMG = DOCS / "img"
+STYLE = {  # colour, marker, label of each attention kind in the plots
+    "full": ("#444444", "o", "torch fused attention (full)"),
+    "local": ("#1f77b4", "s", "handformer local"),
+    "strided": ("#2ca02c", "^", "handformer strided"),
+    "linear": ("#d62728", "D", "handformer linear"),
+    "linear_causal": ("#ff7f0e", "v", "handformer linear, causal"),
+}
+
+
+def load(name: str, results: Path = RESULTS) -> dict | None:
+    path = results / f"{name}.json"
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())
+
+
+def machine_line(data: dict) -> str:
+    m = data.get("machine", {})
+    return (f"Measured {m.get('date', '(date not recorded)')} on {m.get('platform', '?')}, "
+            f"{m.get('cpu_count', '?')} CPUs ({m.get('torch_threads', '?')} torch threads), "
+            f"torch {m.get('torch', '?')}, Python {m.get('python', '?')}.")
+
+
+def new_figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save(fig: Figure, name: str) -> str:
+    """Write ``docs/img/<name>`` atomically; return its link from docs/."""
+    IMG.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=IMG, suffix=".png")
+    os.close(fd)
+    fig.savefig(tmp, format="png")
+    os.replace(tmp, IMG / name)
+    return f"img/{name}"
+
+
+def log_axes(ax, xs: list[int]) -> None:  # noqa: ANN001 - matplotlib Axes
+    """Log-log axes with the measured lengths as plain tick labels."""
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(xs)
+    ax.set_xticklabels([str(x) for x in xs])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.grid(alpha=0.3, which="both")
+
+
+def fmt_s(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def reproduce(script: str) -> str:
+    return (f"Regenerate: `make bench` (all benchmarks) or `.venv/bin/python benchmarks/{script}`, "
+            "then `make docs`.")
+
+
+# ---- sections ------------------------------------------------------------------------------
+
+def section_variants(data: dict) -> list[str]:
+    head = data["headline"]
+    L_main, t = head["L"], head["times_s"]
+    times, memory = data["time_s"], data.get("peak_mib", {})
+    lengths = sorted({int(L) for row in times.values() for L in row})
+    out = [
+        "## Attention variants: time and memory against sequence length", "",
+        machine_line(data), "",
+        f"One call, forward only, float32, B={data['B']}, H={data['H']}, D={data['D']}; local "
+        f"window {data['window']}, stride {data['stride']}. Median of interleaved runs in one "
+        "process. `full` is PyTorch's fused `F.scaled_dot_product_attention` with no mask.", "",
+    ]
+    fig = new_figure(7.5, 4.8)
+    ax = fig.add_subplot(1, 1, 1)
+    for kind, row in times.items():
+        colour, marker, label = STYLE.get(kind, ("#888888", "x", kind))
+        xs = sorted(int(L) for L in row)
+        ax.plot(xs, [row[str(L)] for L in xs], marker=marker, color=colour, label=label)
+    refs = [("fused_band", "fused attention, window as a bool mask", "#9467bd", "P"),
+            ("fused_strided_mask", "fused attention, strided pattern as a mask", "#8c564b", "X"),
+            ("flex", "FlexAttention, sliding window (compiled)", "#e377c2", "*")]
+    for key, label, colour, marker in refs:
+        if key in t:
+            ax.plot([L_main], [t[key]], marker=marker, ms=11, ls="none", color=colour,
+                    label=f"{label} (L={L_main})")
+    log_axes(ax, lengths)
+    ax.set_xlabel("sequence length L")
+    ax.set_ylabel("seconds per call (log)")
+    ax.legend(fontsize=8)
+    ax.set_title("Time per attention call against L")
+    out += [f"![time against L]({save(fig, 'bench_variants_time.png')})", ""]
+    if memory:
+        fig = new_figure(7.5, 4.4)
+        ax = fig.add_subplot(1, 1, 1)
+        for kind, row in memory.items():
+            colour, marker, label = STYLE.get(kind, ("#888888", "x", kind))
+            xs = sorted(int(L) for L in row)
+            ax.plot(xs, [row[str(L)] for L in xs], marker=marker, color=colour, label=label)
+        log_axes(ax, lengths)
+        ax.set_xlabel("sequence length L")
+        ax.set_ylabel("MiB added by one call (log)")
+        ax.legend(fontsize=8)
+        ax.set_title("Peak memory of one attention call against L")
+        out += [f"![memory against L]({save(fig, 'bench_variants_memory.png')})", "",
+                f"Memory: {data.get('memory_method', '')}, a fresh process per point. PyTorch's "
+                "fused CPU kernel is flash-style, so its memory is linear in L too; its time "
+                "is not.", ""]
+    out += ["| seconds per call | " + " | ".join(str(L) for L in lengths) + " |",
+            "|---|" + "---|" * len(lengths)]
+    for kind, row in times.items():
+        out.append(f"| {STYLE.get(kind, (0, 0, kind))[2]} | "
+                   + " | ".join(f"{row[str(L)]:.4f}" if str(L) in row else "-"
+                                for L in lengths) + " |")
+    if memory:
+        out += ["", "| MiB added by one call | " + " | ".join(str(L) for L in lengths) + " |",
+                "|---|" + "---|" * len(lengths)]
+        for kind, row in memory.items():
+            out.append(f"| {STYLE.get(kind, (0, 0, kind))[2]} | "
+                       + " | ".join(f"{row[str(L)]:.1f}" if str(L) in row else "-"
+                                    for L in lengths) + " |")
+    names = {
+        "local_vs_fused_band": ("local", "fused attention with the window as a bool mask"),
+        "local_vs_flex": ("local", "compiled FlexAttention, sliding-window block mask"),
+        "strided_vs_fused_mask": ("strided", "fused attention with the strided pattern as a mask"),
+        "linear_vs_fused": ("linear", "fused attention (no mask)"),
+        "linear_causal_vs_fused_causal": ("linear, causal", "fused attention, `is_causal=True`"),
+    }
+    out += ["", f"Speed-ups at L={L_main} (reference time / handformer time, same process):", "",
+            "| handformer | against | speed-up | target | met |", "|---|---|---|---|---|"]
+    targets, verdicts = data.get("targets", {}), data.get("verdicts", {})
+    for key, (ours, ref) in names.items():
+        r = head["ratios"].get(key)
+        out.append(f"| {ours} | {ref} | {'-' if r is None else f'{r:.1f}x'} | "
+                   f">= {targets.get(key, '-')}x | {verdicts.get(key, '-')} |")
+    if head.get("flex_compile_s") is not None:
+        out += ["", f"FlexAttention's first call (compilation, block mask included) took "
+                f"{head['flex_compile_s']:.1f} s; it is not part of its time above."]
+    elif head.get("flex_error"):
+        out += ["", f"FlexAttention was not measured: {head['flex_error']}"]
+    if "memory_ratio" in verdicts:
+        out += ["", f"Local attention, peak memory at 16384 / at 4096: {verdicts['memory_ratio']}."]
+    diffs = head.get("max_abs_diff", {})
+    if diffs:
+        out += ["", "Largest difference between the outputs of a variant and its reference: "
+                + ", ".join(f"{k} {v:.1e}" for k, v in diffs.items()) + "."]
+    return out + ["", reproduce("bench_variants.py"), ""]
+
+
+def section_core(data: dict) -> list[str]:
+    c, res = data.get("config", {}), data["results"]
+    out = ["## MultiHeadAttention and EncoderLayer against torch.nn", "", machine_line(data), "",
+           f"B={c.get('B')}, L={c.get('L')}, d_model={c.get('E')}, heads={c.get('H')}, "
+           f"d_ff={c.get('FF')}, float32; same weights (converted with `handformer.interop`). "
+           "Ratio = handformer time / torch time (below 1: handformer is faster).", "",
+           "| what | handformer | torch.nn | ratio | target |", "|---|---|---|---|---|"]
+    for name, r in res.items():
+        out.append(f"| {name} | {fmt_s(r['handformer'])} | {fmt_s(r['torch'])} | "
+                   f"{r['ratio']:.2f} | <= {r.get('target', '-')} |")
+    fig = new_figure(6.5, 2.6)
+    ax = fig.add_subplot(1, 1, 1)
+    names = list(res)
+    ax.barh(names, [res[n]["ratio"] for n in names], color="#1f77b4")
+    ax.axvline(1.0, color="#444444", lw=1, ls="--")
+    ax.set_xlabel("handformer time / torch.nn time (lower is faster)")
+    ax.set_title("handformer vs torch.nn (same weights)")
+    for i, n in enumerate(names):
+        ax.text(res[n]["ratio"], i, f" {res[n]['ratio']:.2f}", va="center", fontsize=9)
+    ax.set_xlim(0, max(1.3, max(res[n]["ratio"] for n in names) * 1.2))
+    out += ["", f"![ratios vs torch.nn]({save(fig, 'bench_core.png')})", ""]
+    return out + [reproduce("bench_core.py"), ""]
+
+
+def section_embed(data: dict) -> list[str]:
+    s = data["throughput"]
+    e2e, fwd = s["end_to_end_s"], s.get("forward_s", {})
+    n = s["sentences"]
+    out = ["## Sentence embeddings against transformers", "", machine_line(data), "",
+           f"The bundled all-MiniLM-L6-v2 on {n} sentences ({s.get('tokens', '?')} tokens), "
+           f"batches of {s.get('batch', '?')}; outputs agree within "
+           f"{s.get('max_abs_diff', float('nan')):.1e}. Throughput ratio = handformer "
+           "sentences/s over transformers sentences/s (above 1: handformer is faster).", "",
+           "| what | handformer | transformers | throughput ratio |", "|---|---|---|---|"]
+    rows = [("`embed()` end to end (tokenise, run, pool)", e2e.get("handformer"),
+             e2e.get("transformers"), s.get("ratio_end_to_end"))]
+    if "transformers_sorted" in e2e:
+        rows.append(("... transformers given the inputs sorted by length", e2e.get("handformer"),
+                     e2e["transformers_sorted"], s.get("ratio_end_to_end_sorted")))
+    if fwd:
+        rows.append(("model forward only", fwd.get("handformer"), fwd.get("transformers"),
+                     s.get("ratio_forward")))
+    for name, a, b, r in rows:
+        out.append(f"| {name} | {n / a:.1f} sentences/s | {n / b:.1f} sentences/s | {r:.2f} |")
+    fig = new_figure(6.5, 2.8)
+    ax = fig.add_subplot(1, 1, 1)
+    labels = [r[0].replace("`", "") for r in rows]
+    ys = range(len(rows))
+    ax.barh([y + 0.2 for y in ys], [n / r[1] for r in rows], height=0.4, label="handformer",
+            color="#1f77b4")
+    ax.barh([y - 0.2 for y in ys], [n / r[2] for r in rows], height=0.4, label="transformers",
+            color="#aaaaaa")
+    ax.set_yticks(list(ys))
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.set_xlabel("sentences per second (higher is faster)")
+    ax.legend(fontsize=8)
+    ax.set_title("all-MiniLM-L6-v2 embeddings")
+    out += ["", f"![embedding throughput]({save(fig, 'bench_embed.png')})", ""]
+    load_ = data.get("loading", {})
+    if "handformer" in load_:
+        h = load_["handformer"]
+        mib = 1024 * 1024
+        out += [f"Loading the bundled model: {h['seconds']:.2f} s, peak memory growth "
+                f"{h['peak_growth_bytes'] / mib:.0f} MiB for a {load_['weights_bytes'] / mib:.0f} "
+                f"MiB weights file ({h['growth_over_weights']:.2f}x)."
+                + (f" transformers: {load_['transformers']['seconds']:.2f} s, "
+                   f"{load_['transformers']['peak_growth_bytes'] / mib:.0f} MiB."
+                   if "transformers" in load_ else ""), ""]
+    return out + [reproduce("bench_embed.py"), ""]
+
+
+def section_train(data: dict) -> list[str]:
+    speed = data["throughput_tokens_per_s"]
+    out = ["## Training", "", machine_line(data), ""]
+    runs = data.get("time_to_99", [])
+    if runs:
+        out += ["Time to 99% exact match on 1000 held-out `reverse` strings (seconds of "
+                "training, from the run's `metrics.jsonl`):", "",
+                "| command | seconds to 99% | at step | final accuracy |", "|---|---|---|---|"]
+        for r in runs:
+            s99 = r.get("seconds_to_99")
+            out.append(f"| `{r['command']}` | {'not reached' if s99 is None else f'{s99:.1f}'}"
+                       f" | {r.get('step_at_99') or '-'} | {r.get('final_accuracy', 0):.1%} |")
+        out.append("")
+    ratio = data.get("throughput_ratio")
+    out += ["Training throughput of a causal language model, handformer `CausalLM` against "
+            "`torch.nn.TransformerEncoder` with a causal mask (AdamW and clipping included):", "",
+            "| model | tokens/s |", "|---|---|",
+            f"| handformer CausalLM | {speed['handformer']:,.0f} |",
+            f"| torch.nn.TransformerEncoder | {speed['torch']:,.0f} |",
+            f"| ratio | {ratio:.2f} |" if ratio is not None else "", ""]
+    fig = new_figure(6.0, 2.2)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.barh(["torch.nn", "handformer"], [speed["torch"], speed["handformer"]],
+            color=["#aaaaaa", "#1f77b4"])
+    ax.set_xlabel("training tokens per second (higher is faster)")
+    ax.set_title("Causal LM training throughput")
+    out += [f"![training throughput]({save(fig, 'bench_train.png')})", ""]
+    return out + [reproduce("bench_train.py"), ""]
+
+
+def section_decode(data: dict) -> list[str]:
+    c, lat, gen = data.get("config", {}), data["latency"], data["generate"]
+    out = ["## Decoding with a cache", "", machine_line(data), "",
+           f"CausalLM with d_model={c.get('d_model')}, {c.get('num_heads')} heads, "
+           f"{c.get('num_layers')} layers, vocabulary {c.get('vocab_size')}.", "",
+           f"- Generating {gen['tokens']} tokens: {gen['cached']:.2f} s with the cache, "
+           f"{gen['uncached']:.2f} s without ({gen['speedup']:.1f}x faster; target "
+           f">= {gen.get('target', '-')}x).",
+           "- Per-token latency with the cache, long context / short context: "
+           f"{lat['ratio']:.2f} (target <= {lat.get('target', '-')}): "
+           + ", ".join(f"{k} {fmt_s(v)}" for k, v in lat.items()
+                       if k not in ("ratio", "target")) + ".", ""]
+    rows = data.get("long_contexts", [])
+    if rows:
+        ctx = [r["context"] for r in rows]
+        fig = new_figure(10, 3.8)
+        a1, a2 = fig.subplots(1, 2)
+        a1.plot(ctx, [r["full_ms"] for r in rows], "o-", color=STYLE["full"][0],
+                label="full attention, KV cache")
+        a1.plot(ctx, [r["linear_ms"] for r in rows], "D-", color=STYLE["linear"][0],
+                label="linear attention, (S, z) state")
+        a1.set_ylabel("ms per new token")
+        a2.plot(ctx, [r["full_cache_kib"] for r in rows], "o-", color=STYLE["full"][0],
+                label="full attention, KV cache")
+        a2.plot(ctx, [r["linear_cache_kib"] for r in rows], "D-", color=STYLE["linear"][0],
+                label="linear attention, (S, z) state")
+        a2.set_ylabel("cache KiB")
+        for ax in (a1, a2):
+            log_axes(ax, ctx)
+            ax.set_xlabel("tokens already in the context")
+            ax.legend(fontsize=8)
+        fig.suptitle("Decoding one token after a long context")
+        out += [f"![decoding against context length]({save(fig, 'bench_decode.png')})", "",
+                "| context | linear ms/token | linear cache KiB | full ms/token | full cache KiB |",
+                "|---|---|---|---|---|"]
+        out += [f"| {r['context']} | {r['linear_ms']:.2f} | {r['linear_cache_kib']:.0f} | "
+                f"{r['full_ms']:.2f} | {r['full_cache_kib']:.0f} |" for r in rows]
+        out.append("")
+    return out + [reproduce("bench_decode.py"), ""]
+
+
+def section_viz(data: dict) -> list[str]:
+    cold, html = data.get("cold_start", {}), data.get("viewer_512", {})
+    out = ["## Visualisation", "", machine_line(data), ""]
+    if cold:
+        out.append(f"- `handformer viz` on the seed's sentence from a cold start (new process: "
+                   f"import, load the bundled model, run it, two PNGs and the HTML viewer): "
+                   f"{cold['viz_s']:.1f} s wall, {cold.get('viz_cpu_s', float('nan')):.1f} s "
+                   f"CPU; a process that only runs `import torch, handformer` takes "
+                   f"{cold['import_s']:.1f} s wall, {cold.get('import_cpu_s', float('nan')):.1f}"
+                   " s CPU.")
+    if html.get("tokens"):
+        out.append(f"- The HTML viewer for {html['tokens']} tokens: {html['html_mb']:.1f} MB, "
+                   f"written in {html['write_s']:.2f} s.")
+    return out + ["", reproduce("bench_viz.py"), ""]
+
+
+SECTIONS: list[tuple[str, str, Callable[[dict], list[str]]]] = [
+    ("variants", "bench_variants.py", section_variants),
+    ("core", "bench_core.py", section_core),
+    ("embed", "bench_embed.py", section_embed),
+    ("train", "bench_train.py", section_train),
+    ("decode", "bench_decode.py", section_decode),
+    ("viz", "bench_viz.py", section_viz),
+]
+
+
+def main(args: list[str]) -> int:
+    results = Path(args[0]) if args else RESULTS
+    lines = ["# handformer benchmarks", "",
+             "Generated by `docs/make_benchmarks.py` (`make docs`) from the results that "
+             "`make bench` records in [benchmarks/results/](../benchmarks/results/). Every "
+             "ratio compares handformer with its reference measured in the same process, calls "
+             "interleaved round by round, median of the rounds. The machines these ran on are "
+             "small shared CPU boxes (2 cores, other jobs running): absolute times are noisy, "
+             "ratios much less so. The tutorial explains what is measured: "
+             "[English](tutorial.en.md#7-local-strided-and-linear-attention), "
+             "[中文](tutorial.zh.md#7-局部注意力跨步注意力与线性注意力).", ""]
+    missing = []
+    for name, script, section in SECTIONS:
+        data = load(name, results)
+        if data is None:
+            missing.append(f"- `{name}`: no `benchmarks/results/{name}.json` yet "
+                           f"(`.venv/bin/python benchmarks/{script}`).")
+            continue
+        try:
+            lines += section(data)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+            missing.append(f"- `{name}`: `benchmarks/results/{name}.json` has an unexpected "
+                           f"layout ({type(exc).__name__}: {exc}); rerun "
+                           f"`.venv/bin/python benchmarks/{script}`.")
+    if missing:
+        lines += ["## Not in this report", "", *missing, ""]
+    text = "\n".join(lines)
+    fd, tmp = tempfile.mkstemp(dir=DOCS, suffix=".md")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, DOCS / "benchmarks.md")
+    print(f"wrote {DOCS / 'benchmarks.md'}" + (f" ({len(missing)} missing)" if missing else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
