@@ -202,6 +202,9 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
             feature map that is neither a known name nor callable.
     """
     check_qkv(q, k, v)
+    # contiguous(): with the transposed heads MultiHeadAttention passes, torch.compile's
+    # AOT backward fails with a stride error otherwise (torch 2.13); the copies are O(L * D).
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     phi = feature_map_fn(feature_map)
     eps = _check_eps(eps)
     L_q, L_k = q.shape[-2], k.shape[-2]
