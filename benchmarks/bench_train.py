@@ -2,8 +2,9 @@
 
 1. Time to 99%: ``handformer train reverse`` with the default settings, run as a subprocess
    (the recorded command), timed to the first evaluation with exact-match >= 99% (from the
-   run's ``metrics.jsonl``, ``elapsed_s``). Target: <= 180 s on 2 CPU cores. Also run with
-   ``--threads 1`` (faster for this tiny model when the machine is shared).
+   run's ``metrics.jsonl``, ``elapsed_s``). Target: <= 180 s on 2 CPU cores. (The default
+   model is small, so it trains on one thread; ``--threads 2`` was 5-7x slower per step when
+   other jobs shared the 2 cores.)
 2. Throughput: tokens/s of a training step (forward, loss, backward, clipping, AdamW) of a
    4-layer, d_model=256 causal LM vs the same model built from ``torch.nn.TransformerEncoder``
    with a causal mask; same data, same optimiser; interleaved runs, median. Target: ratio
@@ -109,8 +110,7 @@ def main() -> None:
     ratio = speed["handformer"] / speed["torch"]
     print(f"throughput: handformer {speed['handformer']:,.0f} tok/s, torch.nn "
           f"{speed['torch']:,.0f} tok/s, ratio {ratio:.3f} (target >= 0.95)")
-    runs = [time_to_99(["--threads", "1"])] if QUICK else [
-        time_to_99([]), time_to_99(["--threads", "1"])]
+    runs = [time_to_99([])]
     for r in runs:
         print(f"{r['command']}: 99% at step {r['step_at_99']} after {r['seconds_to_99']} s "
               f"(process wall {r['wall_s']} s; target <= 180 s)")

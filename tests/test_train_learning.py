@@ -17,9 +17,7 @@ from handformer.train.plots import pick_head
 
 @pytest.mark.slow
 def test_reverse_defaults_learn_and_attend_to_the_mirrored_position(tmp_path: Path) -> None:
-    # The default training settings; one thread because the test machine is shared (the
-    # tiny model is dispatch-bound: with 2 contended threads a step is ~5x slower).
-    config = TrainConfig(task="reverse", progress=False, threads=1)
+    config = TrainConfig(task="reverse", progress=False)  # the defaults
     result = train(config, tmp_path / "run")
     assert result.finished
     assert result.final_eval["accuracy"] >= 0.99

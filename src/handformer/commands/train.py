@@ -72,8 +72,8 @@ _OPTIONS: list[tuple[str, str, type, str]] = [
     ("--keep", "keep", int, "checkpoints kept (default 3)"),
     ("--seed", "seed", int, "seed of weights, data and held-out set (default 0)"),
     ("--device", "device", str, "auto | cpu | cuda (default auto)"),
-    ("--threads", "threads", int, "CPU threads per process (default torch's; small models "
-                                  "on a busy machine: 1)"),
+    ("--threads", "threads", int, "CPU threads per process (default: 1 for models under 2M "
+                                  "parameters, else torch's default)"),
     ("--stop-after", "stop_after", int, "stop with a checkpoint after N steps of this "
                                         "invocation (continue with --resume)"),
 ]

@@ -52,6 +52,10 @@ from handformer.train.tasks import IGNORE, LMTask, SequenceTask, Task
 __all__ = ["train", "TrainResult", "build_task", "evaluate", "RunError", "TRAIN_NAME",
            "METRICS_NAME"]
 
+# Below this many parameters a CPU run uses one thread unless --threads says otherwise: its
+# operations are too small for intra-op threads to pay off, and on a shared machine the
+# threads' spin-waits made a step of the default `reverse` model 5-7x slower.
+SMALL_MODEL = 2_000_000
 TRAIN_NAME = "train.json"
 METRICS_NAME = "metrics.jsonl"
 
@@ -234,11 +238,15 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, info: D.DistInfo) -
                          f"{micro} rows per micro-step cannot be split over "
                          f"{info.world_size} processes")
     _prepare_run_dir(run_dir, config, resume, info)
+    D.barrier(info)  # every rank has checked the folder before rank 0 writes into it
     task = build_task(config)
     torch.manual_seed(config.seed)
     model_config = config.model_config(vocab_size=len(task.vocab), max_len=task.max_len)
     expected = json.loads(json.dumps({"model_type": MODEL_TYPE, **model_config.to_dict()}))
     model = CausalLM(model_config).to(info.device)
+    if (config.threads is None and info.device.type == "cpu"
+            and sum(p.numel() for p in model.parameters()) < SMALL_MODEL):
+        torch.set_num_threads(1)  # restored by train()
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
