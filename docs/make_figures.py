@@ -102,7 +102,7 @@ def seed_variants() -> None:
     ]
     fig = new_figure(11.5, 7.6)
     axes = fig.subplots(2, 3)
-    for ax, (title, w) in zip(axes[0], top):
+    for ax, (title, w) in zip(axes[0], top, strict=True):
         w = w.numpy()
         signed = w.min() < 0
         note = f"\nweights in [{w.min():.2f}, {w.max():.2f}]"
@@ -112,7 +112,7 @@ def seed_variants() -> None:
                        vmax=1 if signed else float(w.max()), interpolation="nearest")
         ax.set_title(title + note, fontsize=10)
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
-    for ax, (title, w) in zip(axes[1], bottom):
+    for ax, (title, w) in zip(axes[1], bottom, strict=True):
         im = ax.imshow(w.numpy(), cmap="viridis", vmin=0, interpolation="nearest")
         ax.set_title(f"{title}\nweights in [{float(w.min()):.2f}, {float(w.max()):.2f}]",
                      fontsize=10)
@@ -205,7 +205,7 @@ def reverse_training() -> None:
     best = int(snapshots[-1][2].argmax())
     fig = new_figure(3.3 * len(snapshots), 3.9)
     axes = fig.subplots(1, len(snapshots))
-    for ax, (step, w, share) in zip(axes, snapshots):
+    for ax, (step, w, share) in zip(axes, snapshots, strict=True):
         plot_attention(w[best], list(text), ax=ax,
                        title=f"step {step}: {share[best]:.0%} on the mirror")
     fig.suptitle(f"Training on reverse: head {best} of the 1-layer model on {text!r} "
