@@ -61,9 +61,13 @@ class TextTokenizer:
 
         Raises:
             TypeError: if ``text`` is not a string.
+            ValueError: if it holds lone surrogates (bytes that were not UTF-8).
         """
         if not isinstance(text, str):
             raise TypeError(f"text must be a string, got {type(text).__name__}")
+        from handformer.pretrained.tokenizer import check_unicode
+
+        check_unicode(text, "text")
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int] | Tensor) -> str:

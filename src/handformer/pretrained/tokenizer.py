@@ -203,7 +203,24 @@ def _check_text(text: object, where: str) -> str:
         raise TypeError(f"{where} must be a string, got {type(text).__name__}: {text!r:.60}")
     if not text.strip():
         raise ValueError(f"{where} is empty; give it some text to tokenize")
+    check_unicode(text, where)
     return text
+
+
+def check_unicode(text: str, where: str) -> None:
+    """Refuse lone surrogates (Python's stand-in for bytes that are not UTF-8).
+
+    Raises:
+        ValueError: naming the first such character and its index.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{where} is not valid Unicode: character {exc.object[exc.start]!r} at index "
+            f"{exc.start} is a lone surrogate (what Python makes of bytes that are not UTF-8, "
+            f"e.g. on the command line); pass UTF-8 text"
+        ) from None
 
 
 def _as_batch(texts: TextInput, text_pairs: Sequence[str] | str | None
