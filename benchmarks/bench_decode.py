@@ -17,9 +17,7 @@ Run: ``make bench`` or ``.venv/bin/python benchmarks/bench_decode.py``
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -81,23 +79,21 @@ def bench_generate() -> dict[str, float]:
 
 
 def bench_long_contexts() -> list[dict[str, float]]:
+    linear = model("linear", max_len=CONTEXTS[-1] + 4 * STEPS + 8)
+    full = model("full", max_len=CONTEXTS[-1] + 4 * STEPS + 8)
+    caches = {(name, n): prefill(m, n) for n in CONTEXTS
+              for name, m in (("linear", linear), ("full", full))}
+    fns = {key: step_timer(linear if key[0] == "linear" else full, cache)
+           for key, cache in caches.items()}
+    # All (kind, context) steps interleaved round by round: a change in the machine's load
+    # hits every context alike.
+    times = interleaved(fns, repeats=STEPS, warmup=1)
     rows = []
-    linear = model("linear", max_len=CONTEXTS[-1] + STEPS + 8)
-    full = model("full", max_len=CONTEXTS[-1] + STEPS + 8)
     for n in CONTEXTS:
         row: dict[str, float] = {"context": n}
-        for name, m in (("linear", linear), ("full", full)):
-            cache = prefill(m, n)
-            step = step_timer(m, cache)
-            step()
-            times = []
-            for _ in range(STEPS):
-                start = time.perf_counter()
-                step()
-                times.append(time.perf_counter() - start)
-            row[f"{name}_ms"] = statistics.median(times) * 1e3
-            row[f"{name}_cache_kib"] = cache.nbytes() / 1024
-            del cache
+        for name in ("linear", "full"):
+            row[f"{name}_ms"] = times[(name, n)] * 1e3
+            row[f"{name}_cache_kib"] = caches[(name, n)].nbytes() / 1024
         rows.append(row)
         print(f"context {n:>6}: linear {row['linear_ms']:.2f} ms/token, "
               f"{row['linear_cache_kib']:.0f} KiB | full {row['full_ms']:.2f} ms/token, "
@@ -106,6 +102,10 @@ def bench_long_contexts() -> list[dict[str, float]]:
 
 
 def main() -> None:
+    # One thread: a single-token step is a chain of small ops that two threads cannot share
+    # usefully, and on a CPU shared with other processes two threads stall at every barrier
+    # (per-token times of 100+ ms instead of a few). The same setting for every variant.
+    torch.set_num_threads(1)
     torch.manual_seed(0)
     lat = bench_context_latency()
     lat_ratio = lat[f"ctx{LONG}"] / lat[f"ctx{SHORT}"]
@@ -124,8 +124,8 @@ def main() -> None:
     md = "\n".join([
         "# Decoding: caches vs recomputation",
         "",
-        f"CausalLM {SIZE}, vocabulary {V}, rotary positions, batch 1, float32, CPU. "
-        "Interleaved runs, medians. Other processes shared the CPU: figures are noisy.",
+        f"CausalLM {SIZE}, vocabulary {V}, rotary positions, batch 1, float32, CPU, one torch "
+        "thread. Interleaved runs, medians. Other processes shared the CPU: figures are noisy.",
         "",
         f"Machine: {machine_line()}",
         "",
