@@ -19,7 +19,7 @@ from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import NullLocator
+from matplotlib.ticker import FuncFormatter, NullFormatter, NullLocator
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -65,12 +65,19 @@ def save(fig: Figure, name: str) -> str:
 
 
 def log_axes(ax, xs: list[int]) -> None:  # noqa: ANN001 - matplotlib Axes
-    """Log-log axes with the measured lengths as plain tick labels."""
+    """Log x axis with the measured lengths as plain tick labels; log y axis when the values
+    span more than a factor of 20 (linear from 0 otherwise, where a log axis has no labels)."""
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
     ax.set_xticks(xs)
     ax.set_xticklabels([str(x) for x in xs])
     ax.xaxis.set_minor_locator(NullLocator())
+    ys = [y for line in ax.get_lines() for y in line.get_ydata() if y > 0]
+    if ys and max(ys) / min(ys) > 20:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    else:
+        ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3, which="both")
 
 
@@ -112,7 +119,7 @@ def section_variants(data: dict) -> list[str]:
                     label=f"{label} (L={L_main})")
     log_axes(ax, lengths)
     ax.set_xlabel("sequence length L")
-    ax.set_ylabel("seconds per call (log)")
+    ax.set_ylabel("seconds per call")
     ax.legend(fontsize=8)
     ax.set_title("Time per attention call against L")
     out += [f"![time against L]({save(fig, 'bench_variants_time.png')})", ""]
@@ -125,7 +132,7 @@ def section_variants(data: dict) -> list[str]:
             ax.plot(xs, [row[str(L)] for L in xs], marker=marker, color=colour, label=label)
         log_axes(ax, lengths)
         ax.set_xlabel("sequence length L")
-        ax.set_ylabel("MiB added by one call (log)")
+        ax.set_ylabel("MiB added by one call")
         ax.legend(fontsize=8)
         ax.set_title("Peak memory of one attention call against L")
         out += [f"![memory against L]({save(fig, 'bench_variants_memory.png')})", "",
@@ -217,9 +224,10 @@ def section_embed(data: dict) -> list[str]:
                      s.get("ratio_forward")))
     for name, a, b, r in rows:
         out.append(f"| {name} | {n / a:.1f} sentences/s | {n / b:.1f} sentences/s | {r:.2f} |")
-    fig = new_figure(6.5, 2.8)
+    fig = new_figure(7.5, 2.8)
     ax = fig.add_subplot(1, 1, 1)
-    labels = [r[0].replace("`", "") for r in rows]
+    labels = [r[0].replace("`", "").replace("... transformers", "end to end, transformers")
+              for r in rows]
     ys = range(len(rows))
     ax.barh([y + 0.2 for y in ys], [n / r[1] for r in rows], height=0.4, label="handformer",
             color="#1f77b4")
@@ -228,7 +236,7 @@ def section_embed(data: dict) -> list[str]:
     ax.set_yticks(list(ys))
     ax.set_yticklabels(labels, fontsize=8)
     ax.set_xlabel("sentences per second (higher is faster)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(1.01, 0.0))
     ax.set_title("all-MiniLM-L6-v2 embeddings")
     out += ["", f"![embedding throughput]({save(fig, 'bench_embed.png')})", ""]
     load_ = data.get("loading", {})
