@@ -17,6 +17,7 @@ Run: ``make bench`` or ``.venv/bin/python benchmarks/bench_train.py``
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -106,6 +107,7 @@ def throughput() -> dict[str, float]:
 
 
 def main() -> None:
+    load = os.getloadavg()[0]
     speed = throughput()
     ratio = speed["handformer"] / speed["torch"]
     print(f"throughput: handformer {speed['handformer']:,.0f} tok/s, torch.nn "
@@ -122,6 +124,10 @@ def main() -> None:
         "# Training: time to 99% on reverse, and causal-LM training throughput",
         "",
         f"Machine: {machine_line()}",
+        "",
+        f"Load average at the start: {load:.1f} on {os.cpu_count()} cores (other jobs shared the",
+        "machine: absolute speeds are depressed and noisy; the two models were timed",
+        "interleaved, so their ratio is the figure to read).",
         "",
         "## Time to 99% exact match (`reverse`, default settings)",
         "",
@@ -144,7 +150,7 @@ def main() -> None:
         f"| ratio | {ratio:.3f} ({'met' if ratio >= 0.95 else 'NOT met'}) |",
         "",
     ])
-    write_results("train", {"machine": machine(), "time_to_99": runs,
+    write_results("train", {"machine": machine(), "load_average": load, "time_to_99": runs,
                             "throughput_tokens_per_s": speed, "throughput_ratio": ratio}, md)
 
 
