@@ -49,28 +49,38 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"base must be a number > 1, got {base!r}")
         self.dim = dim
         self.base = float(base)
+        # theta_i in float64; a plain attribute, not a buffer, so model.to(float16) keeps it.
+        self._inv_freq = self.base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+
+    def cos_sin(self, positions: Tensor, dtype: torch.dtype, device: torch.device
+                ) -> tuple[Tensor, Tensor]:
+        """``cos`` and ``sin`` of the angles ``p * theta_i``, each ``(B, 1, L, D/2)``.
+
+        The angles are computed in float64 (``p * theta`` in float32 loses ~1e-4 rad at
+        ``p ~ 2000``), then cast to ``dtype`` (float32, or float64 for float64 inputs).
+        """
+        if positions.dim() == 1:
+            positions = positions.unsqueeze(0)  # (1, L)
+        if self._inv_freq.device != device:
+            self._inv_freq = self._inv_freq.to(device)
+        angles = positions.to(device=device, dtype=torch.float64)[:, None, :, None] \
+            * self._inv_freq  # (B, 1, L, D/2)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+    def _rotate_with(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        if x.shape[-1] != self.dim:
+            raise ValueError(f"x has {x.shape[-1]} features, rotary dim is {self.dim}")
+        if cos.shape[-2] != x.shape[-2]:
+            raise ValueError(f"positions of length {cos.shape[-2]} do not match the length of "
+                             f"x {tuple(x.shape)}")
+        x1, x2 = x.to(cos.dtype).chunk(2, dim=-1)  # 2 x (B, H, L, D/2)
+        out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)  # (B, H, L, D)
+        return out.to(x.dtype)
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         """Rotate ``x: (B, H, L, D)`` at ``positions`` ``(B, L)`` or ``(L,)``."""
-        if x.shape[-1] != self.dim:
-            raise ValueError(f"x has {x.shape[-1]} features, rotary dim is {self.dim}")
-        if positions.dim() == 1:
-            positions = positions.unsqueeze(0)  # (1, L)
-        if positions.shape[-1] != x.shape[-2]:
-            raise ValueError(
-                f"positions {tuple(positions.shape)} do not match the length of x "
-                f"{tuple(x.shape)}"
-            )
         compute = torch.float64 if x.dtype == torch.float64 else torch.float32
-        # Angles in float64: p * theta in float32 loses ~1e-4 rad at p ~ 2000.
-        # (Computed here, not kept as a buffer that model.to(float16) would round.)
-        inv_freq = self.base ** (-torch.arange(0, self.dim, 2, dtype=torch.float64,
-                                               device=x.device) / self.dim)  # (D/2,)
-        angles = positions.to(torch.float64)[:, None, :, None] * inv_freq  # (B, 1, L, D/2)
-        cos, sin = angles.cos().to(compute), angles.sin().to(compute)
-        x1, x2 = x.to(compute).chunk(2, dim=-1)  # 2 x (B, H, L, D/2)
-        out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)  # (B, H, L, D)
-        return out.to(x.dtype)
+        return self._rotate_with(x, *self.cos_sin(positions, compute, x.device))
 
     def forward(self, q: Tensor, k: Tensor, positions: Tensor | None = None, *,
                 offset: int = 0) -> tuple[Tensor, Tensor]:
@@ -88,11 +98,13 @@ class RotaryEmbedding(nn.Module):
         """
         L_q, L_k = q.shape[-2], k.shape[-2]
         if positions is None:
-            pos_k = torch.arange(offset, offset + L_k, device=k.device)  # (L_k,)
-            pos_q = pos_k[L_k - L_q:] if L_q <= L_k else torch.arange(
-                offset, offset + L_q, device=q.device)  # (L_q,)
-            return self.rotate(q, pos_q), self.rotate(k, pos_k)
-        return self.rotate(q, positions), self.rotate(k, positions)
+            positions = torch.arange(offset, offset + L_k, device=k.device)  # (L_k,)
+            if L_q != L_k:  # queries aligned to the last keys
+                pos_q = torch.arange(offset + L_k - L_q, offset + L_k, device=q.device)
+                return self.rotate(q, pos_q), self.rotate(k, positions)
+        compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+        cos, sin = self.cos_sin(positions, compute, q.device)  # once for q and k
+        return self._rotate_with(q, cos, sin), self._rotate_with(k, cos, sin)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, base={self.base}"

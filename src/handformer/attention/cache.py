@@ -25,6 +25,9 @@ With a cache, ``mask`` is a boolean key mask for the *new* tokens only (``(B, 1,
 True = real token, e.g. False on left padding); the cache remembers the masks of earlier
 tokens. Decoding is causal: ``causal=True`` is required.
 
+A single new token (the usual decoding step) sits at the last position and every held key is
+at or before it, so the kind is then called with ``causal=False``: same result, fewer ops.
+
 Shape letters: ``B`` batch, ``H`` heads, ``L`` length (``L_new`` new tokens, ``L_k`` keys held),
 ``D`` head dim, ``D_v`` value dim.
 """
@@ -204,8 +207,8 @@ class KVCache(LayerCache):
         self.seen += L_new
         key_mask = None if self._keep is None else self._keep[:, None, None, :]
         # key_mask: (B, 1, 1, L_k); causal is bottom-right, so the new queries sit last.
-        return attention(q, k_all, v_all, causal=True, mask=key_mask, need_weights=need_weights,
-                         dropout_p=dropout_p)
+        return attention(q, k_all, v_all, causal=L_new > 1, mask=key_mask,
+                         need_weights=need_weights, dropout_p=dropout_p)
 
 
 class WindowKVCache(LayerCache):
@@ -250,8 +253,8 @@ class WindowKVCache(LayerCache):
         key_mask = None if keep_all is None else keep_all[:, None, None, :]  # (B, 1, 1, L_k)
         # Positions are relative: the held keys are the ones just before the new tokens, and
         # the window only looks at differences p - j, so bottom-right alignment is exact.
-        out = attention(q, k_all, v_all, causal=True, mask=key_mask, need_weights=need_weights,
-                        dropout_p=dropout_p)
+        out = attention(q, k_all, v_all, causal=L_new > 1, mask=key_mask,
+                        need_weights=need_weights, dropout_p=dropout_p)
         start = k_all.shape[2] - min(self.keep_last, k_all.shape[2])
         # .clone() so the window does not keep the whole prompt's storage alive.
         self._k = k_all[:, :, start:].clone()  # (B, H, <= keep_last, D)
