@@ -224,6 +224,7 @@ def _read_tensors(path: Path, header: dict[str, dict], data_start: int,
             info = header[key]
             begin, end = info["data_offsets"]
             t = torch.empty(info["shape"], dtype=DTYPES[info["dtype"]])
+            # the tensor's memory as flat bytes (numel * itemsize,), filled in place
             buf = t.view(-1).view(torch.uint8).numpy() if t.numel() else None
             f.seek(data_start + begin)
             if buf is not None and f.readinto(memoryview(buf)) != end - begin:
