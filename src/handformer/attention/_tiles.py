@@ -29,7 +29,7 @@ __all__ = ["BLOCK", "GROUP", "Partial", "prepare", "as_2d_mask", "mask_tile", "t
            "band_partial", "merge_partials"]
 
 BLOCK = 128  # query rows per tile; measured best on the 2-core CPU (see design.md)
-GROUP = 2  # tiles per step in the maskless path
+GROUP = 1  # tiles per step in the maskless path (1: no copy of the key windows)
 
 
 @dataclass
@@ -105,12 +105,22 @@ def tile_softmax(scores: Tensor, blocked: Tensor | None, user: Tensor | None,
     if empty is not None:
         scores.masked_fill_(empty, 0.0)  # a finite row: no NaN in softmax or its gradient
     weights = torch.softmax(scores, dim=-1)
-    lse = torch.logsumexp(scores, dim=-1, keepdim=True) if need_lse else None  # (..., n, 1)
+    lse = _lse(scores, weights) if need_lse else None  # (..., n, 1)
     if empty is not None:
         weights = weights.masked_fill(empty, 0.0)
         if lse is not None:
             lse = lse.masked_fill(empty, float("-inf"))
     return weights, lse
+
+
+def _lse(scores: Tensor, weights: Tensor) -> Tensor:
+    """``logsumexp(scores)`` per row from ``weights = softmax(scores)``, in two reductions.
+
+    At the row's largest score ``s_max`` the weight is ``exp(s_max - lse)``, so
+    ``lse = s_max - log(w_max)``; ``w_max >= 1 / m`` keeps the log well conditioned, and the
+    identity holds near the point, so its gradient is the exact one too.
+    """
+    return scores.amax(dim=-1, keepdim=True) - torch.log(weights.amax(dim=-1, keepdim=True))
 
 
 def band_partial(q: Tensor, k: Tensor, v: Tensor, *, pos_offset: int, lo: int | None,
@@ -202,35 +212,40 @@ def _uniform_band(q: Tensor, k: Tensor, v: Tensor, pos_offset: int, lo: int, hi:
     end = start + (nb - 1) * n + m
     a, b = max(start, key_start), min(end, key_stop)  # real keys used (a < b: row i0 has one)
     pad = (a - start, end - b)
-    kw = F.pad(k[..., a:b, :], (0, 0, *pad)).unfold(-2, m, n)  # (..., nb, D, m)
-    vw = F.pad(v[..., a:b, :], (0, 0, *pad)).unfold(-2, m, n).transpose(-2, -1)
-    # vw: (..., nb, m, D_v)
+    # block index first, so that a group of blocks is one contiguous batch for matmul
+    kw = F.pad(k[..., a:b, :], (0, 0, *pad)).unfold(-2, m, n).movedim(-3, 0)
+    # kw: (nb, ..., D, m), overlapping windows of the padded keys
+    vw = F.pad(v[..., a:b, :], (0, 0, *pad)).unfold(-2, m, n).movedim(-3, 0).transpose(-2, -1)
+    # vw: (nb, ..., m, D_v)
     qb = F.pad(q[..., i0:i1, :], (0, 0, 0, nb * n - R)).unflatten(-2, (nb, n))
-    # qb: (..., nb, n, D)
+    qb = qb.movedim(-3, 0).contiguous()  # (nb, ..., n, D)
+    ones = (1,) * len(batch)
     t = torch.arange(m, device=q.device)
     r = torch.arange(n, device=q.device).unsqueeze(-1)
     band = (t < r) | (t > r + (hi - lo))  # (n, m), True = outside the band
     cols = start + torch.arange(nb, device=q.device).unsqueeze(-1) * n + t  # (nb, m)
-    outside = ((cols < key_start) | (cols >= key_stop)).unsqueeze(-2)  # (nb, 1, m)
-    has_outside = outside.flatten(1).any(dim=-1).tolist()
-    pad_rows = torch.arange(nb * n, device=q.device).view(nb, n, 1) >= R  # (nb, n, 1)
+    outside = (cols < key_start) | (cols >= key_stop)  # (nb, m)
+    has_outside = outside.any(dim=-1).tolist()
+    outside = outside.view(nb, *ones, 1, m)  # (nb, ..., 1, m)
+    pad_rows = (torch.arange(nb * n, device=q.device) >= R).view(nb, *ones, n, 1)
     outs, lses = [], []
     for g0 in range(0, nb, GROUP):
         g1 = min(g0 + GROUP, nb)
-        scores = torch.matmul(qb[..., g0:g1, :, :], kw[..., g0:g1, :, :])  # (..., G, n, m)
+        scores = torch.matmul(qb[g0:g1], kw[g0:g1])  # (G, ..., n, m)
         scores.masked_fill_(band, float("-inf"))
         if any(has_outside[g0:g1]):
             scores.masked_fill_(outside[g0:g1], float("-inf"))
         if g1 == nb and nb * n > R:
             scores.masked_fill_(pad_rows[g0:g1], 0.0)  # padded rows: finite, discarded
-        outs.append(torch.matmul(torch.softmax(scores, dim=-1), vw[..., g0:g1, :, :]))
+        weights = torch.softmax(scores, dim=-1)
+        outs.append(torch.matmul(weights, vw[g0:g1]))  # (G, ..., n, D_v)
         if need_lse:
-            lses.append(torch.logsumexp(scores, dim=-1, keepdim=True))  # (..., G, n, 1)
-    out = torch.cat(outs, dim=-3).flatten(-3, -2)[..., :R, :]  # (..., R, D_v)
+            lses.append(_lse(scores, weights))  # (G, ..., n, 1)
+    out = torch.cat(outs).movedim(0, -3).flatten(-3, -2)[..., :R, :]  # (..., R, D_v)
     out = F.pad(out, (0, 0, i0, L_q - i1))  # (..., L_q, D_v)
     lse = None
     if need_lse:
-        lse = torch.cat(lses, dim=-3).flatten(-3, -2)[..., :R, :]  # (..., R, 1)
+        lse = torch.cat(lses).movedim(0, -3).flatten(-3, -2)[..., :R, :]  # (..., R, 1)
         lse = F.pad(lse, (0, 0, i0, L_q - i1), value=float("-inf"))  # (..., L_q, 1)
     return Partial(out=out, lse=lse)
 

@@ -149,28 +149,31 @@ def _causal(fq: Tensor, fk: Tensor, v: Tensor, state: LinearAttentionState | Non
     C = CHUNK
     n_c = math.ceil(n / C)
     pad = n_c * C - n
-    fqc = F.pad(fq, (0, 0, 0, pad)).unflatten(-2, (n_c, C))  # (..., n_c, C, D)
-    fkc = F.pad(fk, (0, 0, 0, pad)).unflatten(-2, (n_c, C))  # (..., n_c, C, D)
-    vc = F.pad(v, (0, 0, 0, pad)).unflatten(-2, (n_c, C))  # (..., n_c, C, D_v)
+
+    def chunks(x: Tensor) -> Tensor:  # chunk index first: a group is one contiguous batch
+        x = F.pad(x, (0, 0, 0, pad)).unflatten(-2, (n_c, C))  # (..., n_c, C, *)
+        return x.movedim(-3, 0).contiguous()  # (n_c, ..., C, *)
+
+    fqc, fkc, vc = chunks(fq), chunks(fk), chunks(v)  # (n_c, ..., C, D|D|D_v)
     nums, dens = [], []
     for g0 in range(0, n_c, _GROUP):
-        g1 = min(g0 + _GROUP, n_c)
-        qg, kg, vg = fqc[..., g0:g1, :, :], fkc[..., g0:g1, :, :], vc[..., g0:g1, :, :]
-        kv = torch.matmul(kg.transpose(-2, -1), vg)  # (..., G, D, D_v)
-        ks = kg.sum(dim=-2)  # (..., G, D)
+        qg, kg, vg = fqc[g0:g0 + _GROUP], fkc[g0:g0 + _GROUP], vc[g0:g0 + _GROUP]
+        kv = torch.matmul(kg.transpose(-2, -1), vg)  # (G, ..., D, D_v)
+        ks = kg.sum(dim=-2)  # (G, ..., D)
         # state before each chunk of the group: S plus the sums of the earlier chunks
-        S_before = S.unsqueeze(-3) + F.pad(kv.cumsum(dim=-3)[..., :-1, :, :],
-                                           (0, 0, 0, 0, 1, 0))  # (..., G, D, D_v)
-        z_before = z.unsqueeze(-2) + F.pad(ks.cumsum(dim=-2)[..., :-1, :],
-                                           (0, 0, 1, 0))  # (..., G, D)
-        scores = torch.matmul(qg, kg.transpose(-2, -1)).tril()  # (..., G, C, C)
-        nums.append(torch.matmul(scores, vg) + torch.matmul(qg, S_before))  # (..., G, C, D_v)
-        dens.append(scores.sum(dim=-1, keepdim=True)
-                    + torch.matmul(qg, z_before.unsqueeze(-1)))  # (..., G, C, 1)
-        S = S + kv.sum(dim=-3)
-        z = z + ks.sum(dim=-2)
-    num = torch.cat(nums, dim=-3).flatten(-3, -2)[..., :n, :]  # (..., n, D_v)
-    den = torch.cat(dens, dim=-3).flatten(-3, -2)[..., :n, :]  # (..., n, 1)
+        S_before = torch.cat([S.unsqueeze(0), S + kv[:-1].cumsum(dim=0)])  # (G, ..., D, D_v)
+        z_before = torch.cat([z.unsqueeze(0), z + ks[:-1].cumsum(dim=0)])  # (G, ..., D)
+        scores = torch.matmul(qg, kg.transpose(-2, -1)).tril_()  # (G, ..., C, C)
+        num = torch.matmul(scores, vg)
+        num += torch.matmul(qg, S_before)  # (G, ..., C, D_v)
+        den = scores.sum(dim=-1, keepdim=True)
+        den += torch.matmul(qg, z_before.unsqueeze(-1))  # (G, ..., C, 1)
+        nums.append(num)
+        dens.append(den)
+        S = S + kv.sum(dim=0)
+        z = z + ks.sum(dim=0)
+    num = torch.cat(nums).movedim(0, -3).flatten(-3, -2)[..., :n, :]  # (..., n, D_v)
+    den = torch.cat(dens).movedim(0, -3).flatten(-3, -2)[..., :n, :]  # (..., n, 1)
     return num, den, LinearAttentionState(kv=S, k_sum=z)
 
 

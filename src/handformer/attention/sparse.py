@@ -150,9 +150,10 @@ def _residue_partial(q: Tensor, k: Tensor, v: Tensor, s: int, g: int, start: int
     pad_q = start - a0 * s
     n_q, n_k = math.ceil((pad_q + R) / s), math.ceil(L_k / s)
     qr = F.pad(q, (0, 0, pad_q, n_q * s - pad_q - R))  # (..., n_q * s, D)
-    qr = qr.unflatten(-2, (n_q, s)).transpose(-3, -2)  # (..., s, n_q, D)
+    qr = qr.unflatten(-2, (n_q, s)).transpose(-3, -2).contiguous()  # (..., s, n_q, D)
     kr = F.pad(k, (0, 0, 0, n_k * s - L_k)).unflatten(-2, (n_k, s)).transpose(-3, -2)
     vr = F.pad(v, (0, 0, 0, n_k * s - L_k)).unflatten(-2, (n_k, s)).transpose(-3, -2)
+    kr, vr = kr.contiguous(), vr.contiguous()  # one copy, not one per chunk
     # kr: (..., s, n_k, D), vr: (..., s, n_k, D_v); class r holds positions r, r + s, ...
     dev = q.device
     r = torch.arange(s, device=dev).view(s, 1, 1)
