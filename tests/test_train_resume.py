@@ -58,6 +58,11 @@ def test_interrupted_and_resumed_equals_uninterrupted(reference: Path, tmp_path:
     assert ((run_dir / "model.safetensors").read_bytes()
             == (reference / "model.safetensors").read_bytes())
     assert [s for s, _ in list_checkpoints(run_dir)] == [15, 16]  # the last K=2 kept
+    # resuming a finished run changes nothing
+    summary = (run_dir / "summary.json").read_text()
+    assert main(["train", "--resume", str(run_dir)]) == 0
+    assert (run_dir / "summary.json").read_text() == summary
+    assert json.loads(summary)["final_eval"]["step"] == 16
 
 
 def test_sigkill_while_writing_a_checkpoint(reference: Path, tmp_path: Path) -> None:

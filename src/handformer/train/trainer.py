@@ -312,6 +312,11 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, info: D.DistInfo) -
                 f.write(json.dumps(record) + "\n")
 
     result = TrainResult(run_dir, start, start >= config.steps, False)
+    if resume:  # the last evaluation so far (all a finished run has to report)
+        from handformer.train.plots import read_metrics
+
+        evals = [r for r in read_metrics(metrics_path) if r.get("split") == "eval"]
+        result.final_eval = evals[-1] if evals else None
     bar = None
     if info.is_main and config.progress:
         from tqdm.auto import tqdm
@@ -382,7 +387,7 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, info: D.DistInfo) -
     if bar is not None:
         bar.close()
     result.finished = result.step >= config.steps
-    if result.finished and info.is_main:
+    if result.finished and result.step > start and info.is_main:
         _finish(model, task, config, run_dir, result)
     return result
 
