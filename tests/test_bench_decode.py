@@ -8,16 +8,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_bench_decode_quick_mode_writes_results() -> None:
-    env = {**os.environ, "HANDFORMER_BENCH_QUICK": "1"}
+@pytest.mark.slow
+def test_bench_decode_quick_mode_writes_results(tmp_path: Path) -> None:
+    env = {**os.environ, "HANDFORMER_BENCH_QUICK": "1", "TMPDIR": str(tmp_path)}
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_decode.py")],
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "per-token latency" in done.stdout and "linear decoding" in done.stdout
-    data = json.loads((ROOT / "benchmarks" / "results" / "decode.quick.json").read_text())
+    data = json.loads((tmp_path / "handformer-bench-quick" / "decode.json").read_text())
     assert [r["context"] for r in data["long_contexts"]] == [32, 64]
     assert data["linear_memory_max_over_min"] == 1.0  # the linear state does not grow
     assert data["long_contexts"][1]["full_cache_kib"] > data["long_contexts"][0]["full_cache_kib"]
