@@ -297,9 +297,10 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, info: D.DistInfo) -
             state = {"tokens": tokens_seen, "elapsed_s": elapsed(), "schedule": schedule.to_dict(),
                      "data": {"kind": "step-seeded", "seed": config.seed, "next_step": step},
                      "world_size": info.world_size, "scaler": scaler.state_dict()}
-            ckpt.save_checkpoint(run_dir, step, model, optimizer, state, rng)
+            path = ckpt.save_checkpoint(run_dir, step, model, optimizer, state, rng)
+            for name in ("model.safetensors", "config.json"):  # the latest weights, on top
+                ckpt.atomic_write_bytes(run_dir / name, (path / name).read_bytes())
             ckpt.prune_checkpoints(run_dir, config.keep)
-            model.save_pretrained(run_dir)
         D.barrier(info)
 
     def elapsed() -> float:
