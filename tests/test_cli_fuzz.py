@@ -138,6 +138,7 @@ def test_train_text_files(name: str, content: bytes, expected: int, tmp_path: Pa
 BAD_ARGS = [
     (["demo", "--seed", "x"], "invalid int value: 'x'"),
     (["demo", "--bogus"], "unrecognized arguments: --bogus"),
+    (["demo", "--seed", str(2**64)], "--seed must be in [-2**63, 2**64), got 18446744073709551616"),
     (["demo", "extra"], "unrecognized arguments: extra"),
     ([], "the following arguments are required: COMMAND"),
     (["nonsense"], "invalid choice: 'nonsense'"),
@@ -178,6 +179,8 @@ BAD_ARGS = [
      "top_p must be in (0, 1], got 1.5"),
     (["generate", "--model", "{lm}", "--prompt", "the", "--top-p", "nan"],
      "top_p must be in (0, 1], got nan"),
+    (["generate", "--model", "{lm}", "--prompt", "the", "--seed", str(-2**63 - 1)],
+     "--seed must be in [-2**63, 2**64), got -9223372036854775809"),
     (["generate", "--model", "{lm}", "--prompt", "the", "--bogus"],
      "unrecognized arguments: --bogus"),
     (["train"], "give a TASK (copy, reverse, sort or lm) or --resume RUN_DIR"),

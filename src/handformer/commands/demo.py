@@ -19,6 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from handformer import Encoder, EncoderLayer, SinusoidalPositionalEncoding
 
+    if not -(2**63) <= args.seed < 2**64:  # torch's seed range
+        raise ValueError(f"--seed must be in [-2**63, 2**64), got {args.seed}")
     torch.manual_seed(args.seed)
     vocab = {w: i for i, w in enumerate(dict.fromkeys(SENTENCE))}
     ids = torch.tensor([[vocab[w] for w in SENTENCE]])  # (1, L)

@@ -114,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
 
     from handformer.cli import UsageError
 
+    if not -(2**63) <= args.seed < 2**64:  # torch's seed range
+        raise UsageError(f"--seed must be in [-2**63, 2**64), got {args.seed}")
     model, tokenizer = load_model_and_tokenizer(args.model)
     ids = tokenizer.encode(args.prompt)
     if not ids:
