@@ -1,10 +1,12 @@
 """``handformer viz``: outputs on the bundled model, attention kinds, bad input -> exit 2."""
 
+import base64
 import json
 import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from matplotlib.image import imread
 
@@ -124,3 +126,58 @@ def test_new_process_empty_text_exits_2(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.startswith("handformer viz: error: TEXT is empty")
     assert "Traceback" not in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def char_lm(tmp_path_factory):
+    """A tiny random causal LM with a character vocabulary, as `handformer train` saves it."""
+    import torch
+
+    from handformer.models.causal_lm import CausalLM
+    from handformer.models.causal_lm_config import CausalLMConfig
+    from handformer.train.data import CharVocab
+
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("char_lm")
+    vocab = CharVocab(list("abcdefghijklmnopqrstuvwxyz .'"))
+    config = CausalLMConfig(vocab_size=len(vocab), max_len=24, d_model=32, num_heads=2,
+                            num_layers=2, d_ff=64, attention="local", window_size=5)
+    CausalLM(config).save_pretrained(folder)
+    vocab.save(folder / "vocab.json")
+    return folder
+
+
+def test_causal_lm_folder(char_lm, tmp_path, capsys):
+    code, out, err = run(capsys, "the animal was tired", "--model", str(char_lm),
+                         "--out", str(tmp_path))
+    assert code == 0, err
+    data = payload(tmp_path / "index.html")
+    assert data["tokens"] == list("the\u2423animal\u2423was\u2423tired")  # spaces made visible
+    assert (data["layers"], data["heads"]) == (2, 2)
+    label = data["pattern"]["label"]
+    assert label.startswith("Causal local attention, window 5.")
+    assert "at most 3 per query instead of 20" in label  # two keys back and itself
+    back = np.frombuffer(base64.b64decode(data["data"]), np.uint8).reshape(2, 2, 20, 20)
+    assert not back[..., np.triu_indices(20, 1)[0], np.triu_indices(20, 1)[1]].any()
+    assert "20 tokens, 2 layers x 2 heads" in out
+    assert len(re.findall(r"^layer \d: ", out, re.M)) == 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--attention", "local"], "--attention local applies to BERT-family encoders"),
+    (["--layer", "2"], "--layer 2 is out of range: the model has 2 layers, valid values are "
+                       "0..1"),
+])
+def test_causal_lm_bad_input(char_lm, tmp_path, capsys, argv, message):
+    code, _, err = run(capsys, "the animal", "--model", str(char_lm), "--out", str(tmp_path),
+                       *argv)
+    assert code == 2 and message in err
+
+
+def test_causal_lm_unknown_character_and_long_text(char_lm, tmp_path, capsys):
+    code, _, err = run(capsys, "THE ANIMAL", "--model", str(char_lm), "--out", str(tmp_path))
+    assert code == 2 and "not in the vocabulary" in err
+    code, out, _ = run(capsys, "abc " * 10, "--model", str(char_lm), "--out", str(tmp_path))
+    assert code == 0
+    assert "note: the text has 40 tokens, more than the model's limit of 24" in out
+    assert len(payload(tmp_path / "index.html")["tokens"]) == 24

@@ -9,19 +9,25 @@ Writes into ``--out`` (default ``./attention/``):
 
 and prints the paths and one line per layer: the token that gets the most attention and the
 strongest link between two ordinary tokens.
+
+``--model`` takes a BERT-family folder (``--attention`` swaps every layer's attention kind,
+keeping the weights) or a causal language model folder (GPT-2, or a ``handformer train``
+run), shown with the attention it was trained with and its causal pattern beside it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 from handformer.cli import UsageError
 
 NAME = "viz"
-HELP = "Show a pretrained model's attention on TEXT: head.png, model.png and index.html."
+HELP = "Show a model's attention on TEXT: head.png, model.png and index.html."
 
 KINDS = ("full", "local", "strided", "linear")
 
@@ -30,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("text", metavar="TEXT", help="the text to run the model on")
     parser.add_argument("--model", metavar="DIR", default=None,
                         help="BERT-family checkpoint folder (default: the bundled "
-                             "all-MiniLM-L6-v2)")
+                             "all-MiniLM-L6-v2), or a GPT-2 / handformer train folder "
+                             "(causal language model)")
     parser.add_argument("--layer", type=int, default=None,
                         help="layer of head.png, from 0 (default: the layer of the strongest "
                              "link between two words)")
@@ -97,43 +104,127 @@ def _word_index(text: str, offsets: list[tuple[int, int]]) -> list[int]:
     return [word_at[start] if start < len(word_at) else word + 1 for start, _ in offsets]
 
 
-def run(args: argparse.Namespace) -> int:
-    text = args.text
-    if not text.strip():
-        raise UsageError("TEXT is empty; pass some words, e.g. handformer viz \"The animal "
-                         "didn't cross the street because it was too tired\"")
-    kind, kind_text = _kind(args)  # validates --window-size / --stride (ValueError -> exit 2)
-    out = _check_out(args.out)
+@dataclass
+class _Run:
+    """What the drawing needs from a model run on the text."""
 
-    import torch
+    name: str  # model name for titles
+    kind_text: str  # the attention kind, in words
+    tokens: list[str]
+    attentions: list  # N x (1, H, L, L) float32 tensors
+    pattern: object  # a bool (L, L) tensor, an attention kind with .pattern, or None
+    pattern_label: str
+    special: list[int] | None  # 1 for special tokens ([CLS], ...)
+    words: list[int] | None  # word index per token
 
-    from handformer.pretrained import load_bert
-    from handformer.viz import plot_attention, plot_heads, save_figure, save_html, summarize
-    from handformer.viz.heatmap import MissingGlyphWarning
 
-    model, tokenizer = load_bert(args.model, attention=kind)
-    N, H = model.config.num_hidden_layers, model.config.num_attention_heads
+def _causal_folder(model: str | None) -> bool:
+    """True for a GPT-2 or ``handformer train`` folder (config.json ``model_type``)."""
+    if model is None:
+        return False
+    config = Path(model) / "config.json"
+    try:
+        model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return False
+    from handformer.models.causal_lm import MODEL_TYPE
+
+    return model_type in ("gpt2", MODEL_TYPE)
+
+
+def _check_limits(args: argparse.Namespace, N: int, H: int) -> None:
     _check_index("layer", args.layer, N, "layers")
     _check_index("head", args.head, H, "heads per layer")
 
+
+def _run_bert(args: argparse.Namespace, text: str) -> _Run:
+    import torch
+
+    from handformer.pretrained import load_bert
+
+    kind, kind_text = _kind(args)  # validates --window-size / --stride (ValueError -> exit 2)
+    model, tokenizer = load_bert(args.model, attention=kind)
+    _check_limits(args, model.config.num_hidden_layers, model.config.num_attention_heads)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         encodings = tokenizer.encode([text])  # truncated to the model's limit, with a warning
     batch = tokenizer.pad(encodings)  # (1, L) tensors
     tokens = encodings[0].tokens
-    L = len(tokens)
     if any("truncated" in str(w.message) for w in caught):
         print(f"note: the text is longer than the model's limit of {tokenizer.max_length} "
-              f"tokens; only the first {L} are shown")
-
+              f"tokens; only the first {len(tokens)} are shown")
     with torch.inference_mode():
         result = model(**batch, need_weights=True)
-    attentions = [a.float() for a in result.attentions]  # N x (1, H, L, L)
+    pattern: object = kind  # local / strided: the kind draws its own pattern
+    pattern_label = kind_text.capitalize()
+    if args.attention == "linear":  # every key is reachable; the point is the cost
+        pattern = torch.ones(len(tokens), len(tokens), dtype=torch.bool)
+        pattern_label = ("Linear attention: every query reaches every key, yet the L x L "
+                         "matrix is never formed (cost grows as L·D², not L²·D)")
+    name = ("all-MiniLM-L6-v2" if args.model is None
+            else Path(args.model).resolve().name or str(args.model))
+    return _Run(name, kind_text, tokens, [a.float() for a in result.attentions], pattern,
+                pattern_label, encodings[0].special_tokens_mask,
+                _word_index(text, encodings[0].offsets))
+
+
+def _visible(token: str) -> str:
+    """Spaces and line breaks inside a token made visible (GPT-2 pieces start with one)."""
+    return token.replace(" ", "\u2423").replace("\n", "\u21b5").replace("\t", "\u21e5")
+
+
+def _run_causal(args: argparse.Namespace, text: str) -> _Run:
+    import torch
+
+    from handformer.commands.generate import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(args.model)
+    c = model.config
+    kind = model.layers[0].self_attn.attention
+    if args.attention != "full":
+        raise UsageError(f"--attention {args.attention} applies to BERT-family encoders; "
+                         f"{Path(args.model).name} is a causal language model shown with the "
+                         f"attention it was trained with ({c.attention})")
+    _check_limits(args, c.num_layers, c.num_heads)
+    ids = tokenizer.encode(text)  # ValueError for characters outside a char vocabulary
+    if not ids:
+        raise UsageError("TEXT gives no tokens for this model's tokenizer")
+    if len(ids) > c.max_len:
+        print(f"note: the text has {len(ids)} tokens, more than the model's limit of "
+              f"{c.max_len}; only the first {c.max_len} are shown")
+        ids = ids[:c.max_len]
+    with torch.inference_mode():
+        result = model(torch.tensor([ids]), need_weights=True)  # (1, L) ids
+    L = len(ids)
+    kind_text = {"full": "causal attention",
+                 "local": f"causal local attention, window {c.window_size}",
+                 "strided": f"causal strided attention, stride {c.stride}",
+                 "linear": "causal linear attention"}.get(c.attention, c.attention)
+    return _Run(Path(args.model).resolve().name, kind_text,
+                [_visible(tokenizer.decode([i])) for i in ids],
+                [a.float() for a in result.attentions], kind.pattern(L, L, causal=True),
+                kind_text.capitalize(), None, None)
+
+
+def run(args: argparse.Namespace) -> int:
+    text = args.text
+    if not text.strip():
+        raise UsageError("TEXT is empty; pass some words, e.g. handformer viz \"The animal "
+                         "didn't cross the street because it was too tired\"")
+    if not _causal_folder(args.model):
+        _kind(args)  # bad --window-size / --stride fail before the output folder is made
+    out = _check_out(args.out)
+
+    from handformer.viz import plot_attention, plot_heads, save_figure, save_html, summarize
+    from handformer.viz.heatmap import MissingGlyphWarning
+
+    r = _run_causal(args, text) if _causal_folder(args.model) else _run_bert(args, text)
+    tokens, attentions = r.tokens, r.attentions
+    N, H, L = len(attentions), attentions[0].shape[1], len(tokens)
 
     # Links worth showing: between two words at least two words apart (not within "didn't",
     # not to the neighbour), special tokens left out.
-    summaries = summarize(attentions, tokens, special=encodings[0].special_tokens_mask,
-                          words=_word_index(text, encodings[0].offsets), min_distance=2)
+    summaries = summarize(attentions, tokens, special=r.special, words=r.words, min_distance=2)
     layer, head = args.layer, args.head
     if layer is None or head is None:
         best = max((s for s in summaries if s.link is not None and
@@ -142,31 +233,23 @@ def run(args: argparse.Namespace) -> int:
         layer = (best.layer if best else N - 1) if layer is None else layer
         head = (best.link[0] if best else 0) if head is None else head
 
-    model_name = ("all-MiniLM-L6-v2" if args.model is None
-                  else Path(args.model).resolve().name or str(args.model))
     short = " ".join(text.split())
     short = short if len(short) <= 60 else short[:57] + "..."
-    pattern: object = kind  # local / strided: the kind draws its own pattern
-    pattern_label = kind_text.capitalize()
-    if args.attention == "linear":  # every key is reachable; the point is the cost
-        pattern = torch.ones(L, L, dtype=torch.bool)
-        pattern_label = ("Linear attention: every query reaches every key, yet the L x L "
-                         "matrix is never formed (cost grows as L·D², not L²·D)")
-    title = f"{model_name}: layer {layer}, head {head} ({kind_text})"
+    title = f"{r.name}: layer {layer}, head {head} ({r.kind_text})"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", MissingGlyphWarning)
         head_png = save_figure(plot_attention(attentions[layer][0, head], tokens, title=title,
-                                              pattern=pattern), out / "head.png")
-        model_png = save_figure(plot_heads(attentions, tokens, title=f"{model_name}: every "
-                                           f"head ({kind_text}), each scaled to its maximum"),
+                                              pattern=r.pattern), out / "head.png")
+        model_png = save_figure(plot_heads(attentions, tokens, title=f"{r.name}: every "
+                                           f"head ({r.kind_text}), each scaled to its maximum"),
                                 out / "model.png")
     glyphs = [w for w in caught if issubclass(w.category, MissingGlyphWarning)]
     if glyphs:
         print(f"note: {glyphs[0].message}")
     html_path = save_html(attentions, tokens, out / "index.html",
-                          title=f"Attention of {model_name}: {short}",
-                          pattern=pattern, pattern_label=pattern_label,
-                          note=f"{model_name} · {kind_text}", layer=layer, head=head)
+                          title=f"Attention of {r.name}: {short}",
+                          pattern=r.pattern, pattern_label=r.pattern_label,
+                          note=f"{r.name} · {r.kind_text}", layer=layer, head=head)
 
     for path in (head_png, model_png, html_path):
         print(f"wrote {path}")
