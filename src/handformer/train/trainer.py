@@ -166,8 +166,7 @@ def evaluate(model: nn.Module, task: Task, config: TrainConfig, info: D.DistInfo
     return out
 
 
-def _prepare_run_dir(run_dir: Path, config: TrainConfig, resume: bool,
-                     info: D.DistInfo) -> None:
+def _prepare_run_dir(run_dir: Path, resume: bool) -> None:
     if resume:
         if not (run_dir / TRAIN_NAME).is_file():
             raise RunError(f"{run_dir} is not a handformer run folder (no {TRAIN_NAME}); "
@@ -237,7 +236,7 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, info: D.DistInfo) -
         raise ValueError(f"batch_size={config.batch_size} / grad_accum={config.grad_accum} = "
                          f"{micro} rows per micro-step cannot be split over "
                          f"{info.world_size} processes")
-    _prepare_run_dir(run_dir, config, resume, info)
+    _prepare_run_dir(run_dir, resume)
     D.barrier(info)  # every rank has checked the folder before rank 0 writes into it
     task = build_task(config)
     torch.manual_seed(config.seed)
