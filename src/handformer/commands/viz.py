@@ -253,7 +253,8 @@ def run(args: argparse.Namespace) -> int:
 
     for path in (head_png, model_png, html_path):
         print(f"wrote {path}")
-    print(f"{L} tokens, {N} layers x {H} heads; head.png shows layer {layer}, head {head}")
+    print(f"{L} tokens, {N} layer{'s' * (N != 1)} x {H} head{'s' * (H != 1)}; head.png shows "
+          f"layer {layer}, head {head}")
     for s in summaries:
         print(s.describe(tokens))
     return 0
