@@ -153,9 +153,10 @@ def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
     if combined is None:
         return F.scaled_dot_product_attention(q, k, v, scale=scale)
     empty = _empty_rows(combined)  # (..., L_q, 1)
-    if q.device.type == "cpu" and not bool(empty.any()):
+    if q.device.type == "cpu" and not torch.compiler.is_compiling() and not bool(empty.any()):
         # The common case (e.g. padding masks): no row to fix, so skip the two extra passes
-        # over the output (the check would cost a device sync on accelerators).
+        # over the output (the check would cost a device sync on accelerators; inside
+        # torch.compile it would break the graph, so the general path runs there).
         return F.scaled_dot_product_attention(q, k, v, attn_mask=combined.to(q.dtype)
                                               if combined.is_floating_point() else combined,
                                               scale=scale)
