@@ -123,8 +123,9 @@ class CausalLM(nn.Module):
         keep = None
         if attention_mask is not None:
             if tuple(attention_mask.shape) != (B, L):
+                hint = "; with a cache it covers the new tokens only" if cache is not None else ""
                 raise ValueError(f"attention_mask must be (B, L) = {(B, L)} like input_ids, "
-                                 f"got {tuple(attention_mask.shape)}")
+                                 f"got {tuple(attention_mask.shape)}{hint}")
             keep = from_hf_attention_mask(attention_mask).reshape(B, L)  # (B, L) bool
             keep = keep.to(input_ids.device)
         past, start = self._check_cache(cache, B, L, input_ids.device)
