@@ -212,11 +212,14 @@ def _uniform_band(q: Tensor, k: Tensor, v: Tensor, pos_offset: int, lo: int, hi:
     end = start + (nb - 1) * n + m
     a, b = max(start, key_start), min(end, key_stop)  # real keys used (a < b: row i0 has one)
     pad = (a - start, end - b)
+    if not need_lse:
+        return Partial(out=_fused_tiles(q, k, v, i0, i1, n, m, start, hi - lo, key_start,
+                                        key_stop))
+    kp = F.pad(k[..., a:b, :], (0, 0, *pad))  # (..., (nb - 1) * n + m, D), window b at b * n
+    vp = F.pad(v[..., a:b, :], (0, 0, *pad))  # (..., (nb - 1) * n + m, D_v)
     # block index first, so that a group of blocks is one contiguous batch for matmul
-    kw = F.pad(k[..., a:b, :], (0, 0, *pad)).unfold(-2, m, n).movedim(-3, 0)
-    # kw: (nb, ..., D, m), overlapping windows of the padded keys
-    vw = F.pad(v[..., a:b, :], (0, 0, *pad)).unfold(-2, m, n).movedim(-3, 0).transpose(-2, -1)
-    # vw: (nb, ..., m, D_v)
+    kw = kp.unfold(-2, m, n).movedim(-3, 0)  # (nb, ..., D, m), overlapping windows
+    vw = vp.unfold(-2, m, n).movedim(-3, 0).transpose(-2, -1)  # (nb, ..., m, D_v)
     qb = F.pad(q[..., i0:i1, :], (0, 0, 0, nb * n - R)).unflatten(-2, (nb, n))
     qb = qb.movedim(-3, 0).contiguous()  # (nb, ..., n, D)
     ones = (1,) * len(batch)
@@ -248,6 +251,44 @@ def _uniform_band(q: Tensor, k: Tensor, v: Tensor, pos_offset: int, lo: int, hi:
         lse = torch.cat(lses).movedim(0, -3).flatten(-3, -2)[..., :R, :]  # (..., R, 1)
         lse = F.pad(lse, (0, 0, i0, L_q - i1), value=float("-inf"))  # (..., L_q, 1)
     return Partial(out=out, lse=lse)
+
+
+def _fused_tiles(q: Tensor, k: Tensor, v: Tensor, i0: int, i1: int, n: int, m: int,
+                 start: int, width: int, key_start: int, key_stop: int) -> Tensor:
+    """Rows ``i0:i1`` of a band, one fused attention call per block of ``n`` queries.
+
+    Block ``b`` (rows ``i0 + b n ...``) attends the ``m`` keys from position
+    ``c0 = start + b n``, masked by one shared ``(n, m)`` band template (row ``r`` sees columns
+    ``r .. r + width``) and, in the edge blocks only, by the keys outside
+    ``[key_start, key_stop)`` (zero-padded there). torch's fused kernel does matmul, softmax
+    and matmul in one call, with the tile in cache. Every row has an allowed key (``i0:i1``
+    was chosen so).
+
+    Returns:
+        ``(..., L_q, D_v)``, zeros outside rows ``i0:i1``.
+    """
+    L_q, L_k, R = q.shape[-2], k.shape[-2], i1 - i0
+    t = torch.arange(m, device=q.device)
+    r = torch.arange(n, device=q.device).unsqueeze(-1)
+    band = (t >= r) & (t <= r + width)  # (n, m), True = may attend
+    outs = []
+    for r0 in range(0, R, n):
+        rows = min(n, R - r0)
+        c0 = start + r0  # key position of the window's first column
+        allowed = band[:rows]
+        if key_start <= c0 and c0 + m <= key_stop:  # interior: a plain slice of the keys
+            kb, vb = k[..., c0:c0 + m, :], v[..., c0:c0 + m, :]  # (..., m, D), (..., m, D_v)
+        else:  # edge: zero-pad the missing keys and mask everything outside the key range
+            a, b = max(c0, 0), min(c0 + m, L_k)
+            pad = (0, 0, a - c0, c0 + m - b)
+            kb, vb = F.pad(k[..., a:b, :], pad), F.pad(v[..., a:b, :], pad)
+            cols = c0 + t  # (m,)
+            allowed = allowed & ((cols >= key_start) & (cols < key_stop))
+        outs.append(F.scaled_dot_product_attention(
+            q[..., i0 + r0:i0 + r0 + rows, :], kb, vb, attn_mask=allowed,
+            scale=1.0))  # q is already scaled; (..., rows, D_v)
+    out = torch.cat(outs, dim=-2)  # (..., R, D_v)
+    return F.pad(out, (0, 0, i0, L_q - i1)) if (i0, i1) != (0, L_q) else out
 
 
 def _band_template(n: int, m: int, shift: int, lo: int | None, hi: int | None,
