@@ -7,6 +7,9 @@ only multiplies against the contiguous key range its band can reach, so the scor
 ``BLOCK x (BLOCK + hi - lo)`` and stays in cache. Nothing of size ``L_q x L_k`` is built unless
 the dense weights are asked for.
 
+Without a user mask, weights or log-sum-exp, each block is one call of torch's fused
+attention kernel on its key window with a shared band template as mask (:func:`_fused_tiles`).
+
 Each call returns a :class:`Partial`: the output normalised over the allowed keys, optionally
 the log-sum-exp of the allowed scores (``-inf`` for rows with no allowed key), which lets
 several disjoint partials be merged into one softmax (:func:`merge_partials`), and optionally

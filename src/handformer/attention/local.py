@@ -5,12 +5,16 @@ Pattern (positions aligned bottom-right: query ``i`` sits at key position
 and ``j <= p`` when ``causal``; a ``mask`` restricts it further. Softmax attention with scale
 ``1/sqrt(D)``. :func:`handformer.masks.window_mask` builds the same pattern densely.
 
-Complexity: queries are processed in blocks of 128; each block multiplies only against the
-``128 + window_size`` keys its band can reach, so time is ``O(L_q * (w + 128) * D)`` and the
-working memory beyond the output is one ``128 x (128 + w)`` score tile per head, not
-``L_q x L_k``. Small tiles matter on CPU: the tile stays in cache through the matmul,
-softmax and second matmul (one big batched call over all blocks was 2-3x slower on these
-machines). The dense ``(..., L_q, L_k)`` weights are built only when ``need_weights=True``.
+Complexity: queries are processed in blocks of 128; each block attends only the
+``128 + 2 * (window_size // 2)`` keys its band can reach, so time is
+``O(L_q * (w + 128) * D)`` and the working memory beyond the output is one ``128 x (128 + w)``
+tile per head, never ``L_q x L_k``. Small tiles matter on CPU: the tile stays in cache (one big
+batched call over all blocks was 2-3x slower on these machines). Without a mask or weights,
+each block is a single call of torch's fused attention kernel on its key window, masked by one
+shared band template (matmul, softmax and matmul fused, no score tile written out); with a
+mask, or ``need_weights=True``, each block is an explicit masked-softmax tile
+(``handformer.attention._tiles``). The dense ``(..., L_q, L_k)`` weights are built only when
+``need_weights=True``.
 
 How it differs from the seed's ``local_attention`` (section 7 of the tutorial): the seed builds
 a full ``L x L`` mask holding ``1`` inside the window and ``-1e9`` outside, then its attention
