@@ -43,9 +43,15 @@ def load(name: str, results: Path = RESULTS) -> dict | None:
 
 def machine_line(data: dict) -> str:
     m = data.get("machine", {})
-    return (f"Measured {m.get('date', '(date not recorded)')} on {m.get('platform', '?')}, "
+    line = (f"Measured {m.get('date', '(date not recorded)')} on {m.get('platform', '?')}, "
             f"{m.get('cpu_count', '?')} CPUs ({m.get('torch_threads', '?')} torch threads), "
             f"torch {m.get('torch', '?')}, Python {m.get('python', '?')}.")
+    load = data.get("load_average_start_end")
+    if load:
+        line += f" 1-minute load average {load[0]:.1f} at the start, {load[1]:.1f} at the end"
+        busy = isinstance(m.get("cpu_count"), int) and max(load) > m["cpu_count"]
+        line += " (more than the CPUs: other jobs were competing for them)." if busy else "."
+    return line
 
 
 def new_figure(width: float, height: float) -> Figure:
@@ -159,13 +165,21 @@ def section_variants(data: dict) -> list[str]:
         "linear_vs_fused": ("linear", "fused attention (no mask)"),
         "linear_causal_vs_fused_causal": ("linear, causal", "fused attention, `is_causal=True`"),
     }
-    out += ["", f"Speed-ups at L={L_main} (reference time / handformer time, same process):", "",
-            "| handformer | against | speed-up | target | met |", "|---|---|---|---|---|"]
+    fastest = head.get("ratios_of_fastest")
+    out += ["", f"Speed-ups at L={L_main} (reference time / handformer time, same process; "
+            "medians" + (", and the same with each one's fastest run" if fastest else "") + "):",
+            "", "| handformer | against | speed-up | target | met |"
+            + (" speed-up, fastest runs |" if fastest else ""),
+            "|---|---|---|---|---|" + ("---|" if fastest else "")]
     targets, verdicts = data.get("targets", {}), data.get("verdicts", {})
     for key, (ours, ref) in names.items():
         r = head["ratios"].get(key)
-        out.append(f"| {ours} | {ref} | {'-' if r is None else f'{r:.1f}x'} | "
-                   f">= {targets.get(key, '-')}x | {verdicts.get(key, '-')} |")
+        row = (f"| {ours} | {ref} | {'-' if r is None else f'{r:.1f}x'} | "
+               f">= {targets.get(key, '-')}x | {verdicts.get(key, '-')} |")
+        if fastest:
+            f = fastest.get(key)
+            row += f" {'-' if f is None else f'{f:.1f}x'} |"
+        out.append(row)
     if head.get("flex_compile_s") is not None:
         out += ["", f"FlexAttention's first call (compilation, block mask included) took "
                 f"{head['flex_compile_s']:.1f} s; it is not part of its time above."]
