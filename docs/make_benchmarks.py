@@ -347,6 +347,8 @@ def section_viz(data: dict) -> list[str]:
                    f"CPU; a process that only runs `import torch, handformer` takes "
                    f"{cold['import_s']:.1f} s wall, {cold.get('import_cpu_s', float('nan')):.1f}"
                    " s CPU.")
+        if "within_target" in cold:
+            out[-1] += f" Target: at most 5 s ({'met' if cold['within_target'] else 'missed'})."
     if html.get("tokens"):
         out.append(f"- The HTML viewer for {html['tokens']} tokens: {html['html_mb']:.1f} MB, "
                    f"written in {html['write_s']:.2f} s.")
