@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import handformer as hf
-from handformer.pretrained.loading import CheckpointError
+from handformer.weights import CheckpointError
 
 SMALL = dict(vocab_size=37, max_len=24, d_model=16, num_heads=2, num_layers=2, d_ff=32)
 

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from handformer import weights as loading_module
 from handformer.pretrained import (
     BertConfig,
     BertModel,
@@ -17,7 +18,6 @@ from handformer.pretrained import (
     load_bert,
     load_safetensors,
 )
-from handformer.pretrained import loading as loading_module
 from pretrained_util import state_hash, tiny_checkpoint
 
 

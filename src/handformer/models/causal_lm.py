@@ -28,6 +28,7 @@ from handformer.masks import from_hf_attention_mask
 from handformer.models.causal_lm_config import CausalLMConfig
 from handformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from handformer.positional_rotary import RotaryEmbedding
+from handformer.weights import load_safetensors
 
 __all__ = ["CausalLM", "CausalLMConfig", "CausalLMOutput", "MODEL_TYPE"]
 
@@ -244,9 +245,6 @@ class CausalLM(nn.Module):
             ValueError: for an invalid config; ``CheckpointError`` (a ``ValueError``) for
                 missing, unexpected or mis-shaped weights and corrupt files.
         """
-        # The strict loader is shared with the pretrained checkpoints' loaders.
-        from handformer.pretrained.loading import load_safetensors
-
         directory = Path(directory)
         config = read_config(directory / CONFIG_NAME)
         model = cls(config)

@@ -11,10 +11,10 @@ from handformer.pretrained.bert import BertConfig, BertModel, BertOutput, bert_k
 from handformer.pretrained.checkpoints import bundled_model_dir, load_bert
 from handformer.pretrained.embed import embed
 from handformer.pretrained.gpt2 import load_gpt2
-from handformer.pretrained.loading import CheckpointError, LoadReport, load_safetensors
 from handformer.pretrained.pooling import SentencePooling
 from handformer.pretrained.text_tokenizer import TextTokenizer
 from handformer.pretrained.tokenizer import BertTokenizer
+from handformer.weights import CheckpointError, LoadReport, load_safetensors
 
 __all__ = [
     "BertConfig",

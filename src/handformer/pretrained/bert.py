@@ -312,7 +312,7 @@ def bert_key_map(prefixed: bool) -> Callable[[str], str | None]:
             ``qa_outputs.``) are skipped.
 
     Returns:
-        The key map for :func:`handformer.pretrained.loading.load_safetensors`. Keys it does
+        The key map for :func:`handformer.weights.load_safetensors`. Keys it does
         not know are returned unchanged (and then reported as unexpected).
     """
 

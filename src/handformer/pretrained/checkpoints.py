@@ -17,15 +17,15 @@ import torch
 
 from handformer.attention.kinds import AttentionKind
 from handformer.pretrained.bert import AttentionSpec, BertConfig, BertModel, bert_key_map
-from handformer.pretrained.loading import (
+from handformer.pretrained.pooling import SentencePooling
+from handformer.pretrained.tokenizer import BertTokenizer
+from handformer.weights import (
     PICKLE_SUFFIXES,
     CheckpointError,
     check_not_pickle,
     load_safetensors,
     read_safetensors_header,
 )
-from handformer.pretrained.pooling import SentencePooling
-from handformer.pretrained.tokenizer import BertTokenizer
 
 __all__ = ["load_bert", "bundled_model_dir", "BUNDLED_PACKAGE"]
 
@@ -49,7 +49,7 @@ def bundled_model_dir() -> Path:
     return Path(str(root)) / "model"
 
 
-def _resolve_dir(path: str | os.PathLike | None) -> tuple[Path, Path]:
+def resolve_checkpoint_dir(path: str | os.PathLike | None) -> tuple[Path, Path]:
     """Return ``(folder, weights file)`` for a folder or a ``.safetensors`` file."""
     folder = bundled_model_dir() if path is None else Path(path)
     if folder.is_file():
@@ -99,7 +99,7 @@ def load_bert(path: str | os.PathLike | None = None, *, device: str | torch.devi
                                       or callable(attention)):
         raise TypeError(f"attention must be an attention kind or a factory, got "
                         f"{type(attention).__name__}")
-    folder, weights = _resolve_dir(path)
+    folder, weights = resolve_checkpoint_dir(path)
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{folder} has no config.json")

@@ -10,7 +10,7 @@ and maps onto ``CausalLM`` exactly, with two layout differences handled here:
 * the query, key and value projections are one ``c_attn`` of width ``3 E`` (split in three).
 
 Loading is strict and all-or-nothing: the file is first loaded, with
-:func:`~handformer.pretrained.loading.load_safetensors`, into a holder module with exactly
+:func:`~handformer.weights.load_safetensors`, into a holder module with exactly
 GPT-2's key names and shapes (every missing, unexpected or mis-shaped key reported at once);
 only then are the tensors rearranged into a new ``CausalLM``. Keys may carry the
 ``transformer.`` prefix of ``GPT2LMHeadModel`` or not (``GPT2Model``). An untied LM head is
@@ -28,9 +28,9 @@ import torch
 from torch import Tensor, nn
 
 from handformer.models.causal_lm import CausalLM, CausalLMConfig
-from handformer.pretrained.checkpoints import _resolve_dir
-from handformer.pretrained.loading import load_safetensors, read_safetensors_header
+from handformer.pretrained.checkpoints import resolve_checkpoint_dir
 from handformer.pretrained.text_tokenizer import TextTokenizer
+from handformer.weights import load_safetensors, read_safetensors_header
 
 __all__ = ["load_gpt2", "gpt2_config"]
 
@@ -175,7 +175,7 @@ def load_gpt2(path: str | os.PathLike, *, device: str | torch.device = "cpu",
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
-    folder, weights = _resolve_dir(path)
+    folder, weights = resolve_checkpoint_dir(path)
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{folder} has no config.json")

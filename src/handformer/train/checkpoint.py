@@ -37,7 +37,7 @@ from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save as save_safetensors_bytes
 from torch import Tensor, nn
 
-from handformer.pretrained.loading import CheckpointError, load_safetensors
+from handformer.weights import CheckpointError, load_safetensors
 
 __all__ = ["CheckpointError", "atomic_write_bytes", "save_checkpoint", "load_checkpoint",
            "list_checkpoints", "latest_checkpoint", "verify_checkpoint", "prune_checkpoints",

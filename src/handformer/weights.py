@@ -1,6 +1,8 @@
 """Strict, all-or-nothing safetensors loading into an existing module.
 
-One function, :func:`load_safetensors`, shared by every checkpoint loader (BERT, GPT-2, ...).
+One function, :func:`load_safetensors`, shared by every checkpoint loader (BERT, GPT-2,
+``CausalLM.from_pretrained``, training checkpoints). It depends only on torch and safetensors,
+so it sits below the models in the layering.
 A loader supplies a *key map*: a function from a checkpoint key to the model's state-dict key
 (or ``None`` for a key it deliberately skips, such as a task head). Then:
 
