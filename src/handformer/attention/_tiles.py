@@ -50,11 +50,12 @@ class Partial:
     weights: Tensor | None = None
 
 
-def prepare(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Scale ``q`` by ``1/sqrt(D)`` and cast half inputs to float32 (softmax precision)."""
+def prepare(q: Tensor, k: Tensor, v: Tensor, *, scaled: bool = True
+            ) -> tuple[Tensor, Tensor, Tensor]:
+    """Cast half inputs to float32 (softmax precision); scale ``q`` by ``1/sqrt(D)`` if asked."""
     compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    return q.to(compute) * scale, k.to(compute), v.to(compute)
+    q = q.to(compute)
+    return (q * (1.0 / math.sqrt(q.shape[-1])) if scaled else q), k.to(compute), v.to(compute)
 
 
 def as_2d_mask(mask: Tensor | None) -> Tensor | None:
@@ -129,7 +130,8 @@ def _lse(scores: Tensor, weights: Tensor) -> Tensor:
 def band_partial(q: Tensor, k: Tensor, v: Tensor, *, pos_offset: int, lo: int | None,
                  hi: int | None, key_start: int = 0, key_stop: int | None = None,
                  mask: Tensor | None = None, need_lse: bool = False,
-                 need_weights: bool = False, block: int = BLOCK) -> Partial:
+                 need_weights: bool = False, block: int = BLOCK, scale: float = 1.0
+                 ) -> Partial:
     """Softmax attention over the band ``lo <= j - p <= hi``, ``key_start <= j < key_stop``.
 
     Args:
@@ -142,6 +144,7 @@ def band_partial(q: Tensor, k: Tensor, v: Tensor, *, pos_offset: int, lo: int | 
         need_lse: also return the log-sum-exp per row (for :func:`merge_partials`).
         need_weights: also return dense ``(..., L_q, L_k)`` weights.
         block: query rows per tile.
+        scale: a factor still to apply to the scores (1 when ``q`` is prepared).
 
     Returns:
         A :class:`Partial`.
@@ -151,7 +154,10 @@ def band_partial(q: Tensor, k: Tensor, v: Tensor, *, pos_offset: int, lo: int | 
     key_start = max(key_start, 0)
     if (mask is None and not need_weights and lo is not None and hi is not None
             and hi - lo < key_stop - key_start):  # wider bands: the per-block clipping wins
-        return _uniform_band(q, k, v, pos_offset, lo, hi, key_start, key_stop, need_lse, block)
+        return _uniform_band(q, k, v, pos_offset, lo, hi, key_start, key_stop, need_lse, block,
+                             scale)
+    if scale != 1.0:
+        q = q * scale
     batch = q.shape[:-2]
     outs, lses, weights = [], [], []
     templates: dict[tuple[int, int, int], tuple[Tensor | None, Tensor | None]] = {}
@@ -191,7 +197,8 @@ def band_partial(q: Tensor, k: Tensor, v: Tensor, *, pos_offset: int, lo: int | 
 
 
 def _uniform_band(q: Tensor, k: Tensor, v: Tensor, pos_offset: int, lo: int, hi: int,
-                  key_start: int, key_stop: int, need_lse: bool, block: int) -> Partial:
+                  key_start: int, key_stop: int, need_lse: bool, block: int, scale: float
+                  ) -> Partial:
     """:func:`band_partial` without a user mask or weights, :data:`GROUP` blocks per step.
 
     Every block of ``n`` queries sees a window of ``m = n + hi - lo`` keys at the same offset,
@@ -217,7 +224,9 @@ def _uniform_band(q: Tensor, k: Tensor, v: Tensor, pos_offset: int, lo: int, hi:
     pad = (a - start, end - b)
     if not need_lse:
         return Partial(out=_fused_tiles(q, k, v, i0, i1, n, m, start, hi - lo, key_start,
-                                        key_stop))
+                                        key_stop, scale))
+    if scale != 1.0:
+        q = q * scale
     kp = F.pad(k[..., a:b, :], (0, 0, *pad))  # (..., (nb - 1) * n + m, D), window b at b * n
     vp = F.pad(v[..., a:b, :], (0, 0, *pad))  # (..., (nb - 1) * n + m, D_v)
     # block index first, so that a group of blocks is one contiguous batch for matmul
@@ -257,7 +266,8 @@ def _uniform_band(q: Tensor, k: Tensor, v: Tensor, pos_offset: int, lo: int, hi:
 
 
 def _fused_tiles(q: Tensor, k: Tensor, v: Tensor, i0: int, i1: int, n: int, m: int,
-                 start: int, width: int, key_start: int, key_stop: int) -> Tensor:
+                 start: int, width: int, key_start: int, key_stop: int, scale: float
+                 ) -> Tensor:
     """Rows ``i0:i1`` of a band, one fused attention call per block of ``n`` queries.
 
     Block ``b`` (rows ``i0 + b n ...``) attends the ``m`` keys from position
@@ -274,11 +284,12 @@ def _fused_tiles(q: Tensor, k: Tensor, v: Tensor, i0: int, i1: int, n: int, m: i
     t = torch.arange(m, device=q.device)
     r = torch.arange(n, device=q.device).unsqueeze(-1)
     band = (t >= r) & (t <= r + width)  # (n, m), True = may attend
+    bias = torch.zeros(n, m, dtype=q.dtype, device=q.device).masked_fill_(~band, float("-inf"))
     outs = []
     for r0 in range(0, R, n):
         rows = min(n, R - r0)
         c0 = start + r0  # key position of the window's first column
-        allowed = band[:rows]
+        allowed = bias[:rows]  # additive: the fused kernel takes it as it is
         if key_start <= c0 and c0 + m <= key_stop:  # interior: a plain slice of the keys
             kb, vb = k[..., c0:c0 + m, :], v[..., c0:c0 + m, :]  # (..., m, D), (..., m, D_v)
         else:  # edge: zero-pad the missing keys and mask everything outside the key range
@@ -286,10 +297,10 @@ def _fused_tiles(q: Tensor, k: Tensor, v: Tensor, i0: int, i1: int, n: int, m: i
             pad = (0, 0, a - c0, c0 + m - b)
             kb, vb = F.pad(k[..., a:b, :], pad), F.pad(v[..., a:b, :], pad)
             cols = c0 + t  # (m,)
-            allowed = allowed & ((cols >= key_start) & (cols < key_stop))
+            allowed = allowed.masked_fill((cols < key_start) | (cols >= key_stop), float("-inf"))
         outs.append(F.scaled_dot_product_attention(
             q[..., i0 + r0:i0 + r0 + rows, :], kb, vb, attn_mask=allowed,
-            scale=1.0))  # q is already scaled; (..., rows, D_v)
+            scale=scale))  # (..., rows, D_v)
     out = torch.cat(outs, dim=-2)  # (..., R, D_v)
     return F.pad(out, (0, 0, i0, L_q - i1)) if (i0, i1) != (0, L_q) else out
 

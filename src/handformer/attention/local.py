@@ -28,6 +28,8 @@ dims ``...``.
 
 from __future__ import annotations
 
+import math
+
 from torch import Tensor
 
 from handformer.attention._tiles import as_2d_mask, band_partial, prepare
@@ -87,9 +89,10 @@ def local_attention(q: Tensor, k: Tensor, v: Tensor, window_size: int, *, causal
     if mask is not None:
         check_mask(mask, (*q.shape[:-2], L_q, L_k))
     half = window_size // 2
-    qs, kc, vc = prepare(q, k, v)
+    qs, kc, vc = prepare(q, k, v, scaled=False)  # the scale goes into the kernel
     part = band_partial(qs, kc, vc, pos_offset=L_k - L_q, lo=-half, hi=0 if causal else half,
-                        mask=as_2d_mask(mask), need_weights=need_weights)
+                        mask=as_2d_mask(mask), need_weights=need_weights,
+                        scale=1.0 / math.sqrt(q.shape[-1]))
     weights = part.weights.to(q.dtype) if part.weights is not None else None
     return part.out.to(v.dtype), weights
 
