@@ -54,8 +54,8 @@ __all__ = ["linear_attention", "linear_attention_step", "LinearAttentionState",
            "LinearAttention", "feature_map_fn"]
 
 FeatureMap = str | Callable[[Tensor], Tensor]
-CHUNK = 64  # positions per causal chunk
-_GROUP = 32  # chunks processed together (fewer, larger calls; each group is a few MB)
+CHUNK = 128  # positions per causal chunk
+_GROUP = 8  # chunks processed together (each group is a few MB)
 
 
 def _elu_plus_one(x: Tensor) -> Tensor:
@@ -142,38 +142,39 @@ def _causal(fq: Tensor, fk: Tensor, v: Tensor, state: LinearAttentionState | Non
     n, D, D_v = fq.shape[-2], fq.shape[-1], v.shape[-1]
     batch = torch.broadcast_shapes(fq.shape[:-2], fk.shape[:-2], v.shape[:-2])
     if state is None:
-        S = fq.new_zeros(*batch, D, D_v)  # (..., D, D_v)
-        z = fq.new_zeros(*batch, D)  # (..., D)
+        Sz = fq.new_zeros(*batch, D, D_v + 1)  # (..., D, D_v + 1)
     else:
-        S, z = state.kv, state.k_sum
+        Sz = torch.cat([state.kv, state.k_sum.unsqueeze(-1)], dim=-1)  # (..., D, D_v + 1)
     C = CHUNK
     n_c = math.ceil(n / C)
     pad = n_c * C - n
 
-    def chunks(x: Tensor) -> Tensor:  # chunk index first: a group is one contiguous batch
-        x = F.pad(x, (0, 0, 0, pad)).unflatten(-2, (n_c, C))  # (..., n_c, C, *)
-        return x.movedim(-3, 0).contiguous()  # (n_c, ..., C, *)
+    def chunked(x: Tensor) -> Tensor:  # chunk index first: a group is one contiguous batch
+        x = F.pad(x, (0, 0, 0, pad)) if pad else x
+        return x.unflatten(-2, (n_c, C)).movedim(-3, 0)  # (n_c, ..., C, *), a view
 
-    fqc, fkc, vc = chunks(fq), chunks(fk), chunks(v)  # (n_c, ..., C, D|D|D_v)
-    nums, dens = [], []
+    fqc, fkc = chunked(fq).contiguous(), chunked(fk).contiguous()  # (n_c, ..., C, D)
+    # A column of ones after the values makes every matmul yield the denominator too:
+    # phi(k)^T [v | 1] = [S | z] and phi(q) [S | z] = [numerator | denominator].
+    vac = v.new_empty(n_c, *batch, C, D_v + 1)  # (n_c, ..., C, D_v + 1)
+    vac[..., :D_v] = chunked(v)
+    vac[..., D_v] = 1.0
+    if pad:
+        vac[-1, ..., C - pad:, D_v] = 0.0  # padded positions are not keys
+    outs = []
     for g0 in range(0, n_c, _GROUP):
-        qg, kg, vg = fqc[g0:g0 + _GROUP], fkc[g0:g0 + _GROUP], vc[g0:g0 + _GROUP]
-        kv = torch.matmul(kg.transpose(-2, -1), vg)  # (G, ..., D, D_v)
-        ks = kg.sum(dim=-2)  # (G, ..., D)
-        # state before each chunk of the group: S plus the sums of the earlier chunks
-        S_before = torch.cat([S.unsqueeze(0), S + kv[:-1].cumsum(dim=0)])  # (G, ..., D, D_v)
-        z_before = torch.cat([z.unsqueeze(0), z + ks[:-1].cumsum(dim=0)])  # (G, ..., D)
+        qg, kg, vg = fqc[g0:g0 + _GROUP], fkc[g0:g0 + _GROUP], vac[g0:g0 + _GROUP]
+        kv = torch.matmul(kg.transpose(-2, -1), vg)  # (G, ..., D, D_v + 1)
+        # state before each chunk of the group: Sz plus the sums of the earlier chunks
+        before = torch.cat([Sz.unsqueeze(0), kv[:-1]]).cumsum(dim=0)  # (G, ..., D, D_v + 1)
         scores = torch.matmul(qg, kg.transpose(-2, -1)).tril_()  # (G, ..., C, C)
-        num = torch.matmul(scores, vg)
-        num += torch.matmul(qg, S_before)  # (G, ..., C, D_v)
-        den = scores.sum(dim=-1, keepdim=True)
-        den += torch.matmul(qg, z_before.unsqueeze(-1))  # (G, ..., C, 1)
-        nums.append(num)
-        dens.append(den)
-        S = S + kv.sum(dim=0)
-        z = z + ks.sum(dim=0)
-    num = torch.cat(nums).movedim(0, -3).flatten(-3, -2)[..., :n, :]  # (..., n, D_v)
-    den = torch.cat(dens).movedim(0, -3).flatten(-3, -2)[..., :n, :]  # (..., n, 1)
+        out = torch.matmul(scores, vg)
+        out += torch.matmul(qg, before)  # (G, ..., C, D_v + 1)
+        outs.append(out)
+        Sz = before[-1] + kv[-1]
+    out = torch.cat(outs).movedim(0, -3).flatten(-3, -2)[..., :n, :]  # (..., n, D_v + 1)
+    num, den = out[..., :D_v], out[..., D_v:]  # (..., n, D_v), (..., n, 1)
+    S, z = Sz[..., :D_v], Sz[..., D_v]  # (..., D, D_v), (..., D)
     return num, den, LinearAttentionState(kv=S, k_sum=z)
 
 
