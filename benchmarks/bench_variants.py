@@ -1,7 +1,7 @@
 """Efficient attention variants against torch's fused attention and FlexAttention (CPU).
 
 CPU, float32, B=1, H=8, D=64, forward only; every ratio is measured in one process with the
-calls interleaved round by round, median of 3 (a fused call at L=16384 takes seconds).
+calls interleaved round by round, median of 5 (a fused call at L=16384 takes seconds).
 
 Targets (issue 4), at L=16384:
 
@@ -50,7 +50,7 @@ L_MAIN = 256 if QUICK else 16384
 WINDOW, STRIDE = (33, 16) if QUICK else (257, 128)
 LENGTHS = [128, 256] if QUICK else [1024, 2048, 4096, 8192, 16384]
 MEMORY_KINDS = ["local"] if QUICK else ["full", "local", "strided", "linear", "linear_causal"]
-REPEATS = 3
+REPEATS = 3 if QUICK else 5
 TARGETS = {
     "local_vs_fused_band": 10.0,
     "local_vs_flex": 1.5,
