@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from torch import Tensor, nn
 
 from handformer.attention.kinds import AttentionKind
-from handformer.layers import FeedForward, MultiHeadAttention, check_attention, check_dropout
+from handformer.layers import FeedForward, MultiHeadAttention, attention_dropout
 
 if TYPE_CHECKING:
     from handformer.attention.cache import LayerCache
@@ -55,11 +55,7 @@ class DecoderLayer(nn.Module):
                  attention: AttentionKind | None = None, cross_attention: bool = True,
                  rotary: nn.Module | None = None) -> None:
         super().__init__()
-        check_dropout("dropout", dropout)
-        if attention is not None and not check_attention(attention).supports_dropout:
-            attn_dropout = 0.0  # kinds without weight dropout keep the residual dropouts
-        else:
-            attn_dropout = dropout
+        attn_dropout = attention_dropout(dropout, attention)
         self.d_model = d_model
         self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=attn_dropout, bias=bias,

@@ -246,11 +246,7 @@ class EncoderLayer(nn.Module):
                  layer_norm_eps: float = 1e-5, bias: bool = True,
                  attention: AttentionKind | None = None) -> None:
         super().__init__()
-        check_dropout("dropout", dropout)
-        if attention is not None and not check_attention(attention).supports_dropout:
-            attn_dropout = 0.0  # kinds without weight dropout keep the residual dropouts
-        else:
-            attn_dropout = dropout
+        attn_dropout = attention_dropout(dropout, attention)
         self.d_model = d_model
         self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=attn_dropout, bias=bias,
@@ -280,6 +276,26 @@ class EncoderLayer(nn.Module):
             x = self.norm1(x + self.dropout1(attn))
             x = self.norm2(x + self.dropout2(self.ff(x)))
         return x, weights
+
+
+def stack_norm(first: nn.Module, final_norm: bool | nn.Module) -> nn.Module | None:
+    """The norm after a stack: a LayerNorm like ``first.norm1`` (True), a module, or None."""
+    if final_norm is True:
+        return nn.LayerNorm(first.d_model, eps=first.norm1.eps)
+    if isinstance(final_norm, nn.Module):
+        return final_norm
+    return None
+
+
+def attention_dropout(dropout: float, attention: AttentionKind | None) -> float:
+    """Dropout on the attention weights: ``dropout``, or 0 for kinds that apply none.
+
+    Kinds without weight dropout (local, strided, linear) keep the residual dropouts.
+    """
+    check_dropout("dropout", dropout)
+    if attention is not None and not check_attention(attention).supports_dropout:
+        return 0.0
+    return dropout
 
 
 def clones(layer: nn.Module | Callable[[], nn.Module], n: int) -> nn.ModuleList:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from handformer.decoder_layer import DecoderLayer
-from handformer.layers import clones
+from handformer.layers import clones, stack_norm
 
 __all__ = ["Decoder", "DecoderOutput"]
 
@@ -51,13 +51,7 @@ class Decoder(nn.Module):
                  final_norm: bool | nn.Module = False) -> None:
         super().__init__()
         self.layers = clones(layer, num_layers)
-        if final_norm is True:
-            first = self.layers[0]
-            self.norm = nn.LayerNorm(first.d_model, eps=first.norm1.eps)
-        elif isinstance(final_norm, nn.Module):
-            self.norm = final_norm
-        else:
-            self.norm = None
+        self.norm = stack_norm(self.layers[0], final_norm)
 
     def forward(self, x: Tensor, memory: Tensor | None = None, *, mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, causal: bool = True,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from handformer.layers import EncoderLayer, clones
+from handformer.layers import EncoderLayer, clones, stack_norm
 
 __all__ = ["Encoder", "EncoderOutput"]
 
@@ -47,13 +47,7 @@ class Encoder(nn.Module):
                  final_norm: bool | nn.Module = False) -> None:
         super().__init__()
         self.layers = clones(layer, num_layers)
-        if final_norm is True:
-            first = self.layers[0]
-            self.norm = nn.LayerNorm(first.d_model, eps=first.norm1.eps)
-        elif isinstance(final_norm, nn.Module):
-            self.norm = final_norm
-        else:
-            self.norm = None
+        self.norm = stack_norm(self.layers[0], final_norm)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, causal: bool = False,
                 need_weights: bool = False) -> EncoderOutput:
