@@ -2,30 +2,17 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from handformer import scaled_dot_product_attention as sdpa
+from variant_reference import softmax_reference
 
 
 def reference(q, k, v, allowed=None, bias=None, scale=None):
-    """Independent float64 reference: explicit loops over nothing fancy, empty rows -> 0."""
-    q, k, v = q.double(), k.double(), v.double()
-    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    s = q @ k.transpose(-2, -1) * scale
-    if bias is not None:
-        s = s + bias.double()
-    if allowed is not None:
-        s = s.masked_fill(~allowed, float("-inf"))
-    m = s.amax(-1, keepdim=True)
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    e = torch.exp(s - m)
-    den = e.sum(-1, keepdim=True)
-    w = torch.where(den > 0, e / den.clamp_min(1e-300), torch.zeros_like(e))
-    return w @ v, w
+    """Independent float64 reference (empty rows -> 0), shared with the variants' tests."""
+    return softmax_reference(q, k, v, allowed=allowed, bias=bias, scale=scale)
 
 
 def bottom_right(L_q, L_k):

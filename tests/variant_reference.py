@@ -13,14 +13,20 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def softmax_reference(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor,
-                      bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """softmax(q k^T / sqrt(D) + bias) v over ``allowed`` in float64; empty rows -> 0."""
+def softmax_reference(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None,
+                      bias: Tensor | None = None, scale: float | None = None
+                      ) -> tuple[Tensor, Tensor]:
+    """softmax(q k^T * scale + bias) v over ``allowed`` in float64; empty rows -> 0.
+
+    ``scale`` defaults to ``1 / sqrt(D)``; ``allowed`` None means every key.
+    """
     q, k, v = q.double(), k.double(), v.double()
-    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = q @ k.transpose(-2, -1) * scale
     if bias is not None:
         s = s + bias.double()
-    s = s.masked_fill(~allowed, float("-inf"))
+    if allowed is not None:
+        s = s.masked_fill(~allowed, float("-inf"))
     m = s.amax(-1, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     e = torch.exp(s - m)
