@@ -59,7 +59,7 @@ _GROUP = 8  # chunks processed together (each group is a few MB)
 
 
 def _elu_plus_one(x: Tensor) -> Tensor:
-    return F.elu(x) + 1.0
+    return F.elu(x).add_(1.0)  # in place: elu saves its input, not its output, for backward
 
 
 def feature_map_fn(feature_map: FeatureMap) -> Callable[[Tensor], Tensor]:
