@@ -149,30 +149,32 @@ def _causal(fq: Tensor, fk: Tensor, v: Tensor, state: LinearAttentionState | Non
     n_c = math.ceil(n / C)
     pad = n_c * C - n
 
-    def chunked(x: Tensor) -> Tensor:  # chunk index first: a group is one contiguous batch
+    def chunked(x: Tensor) -> Tensor:  # a view when no padding is needed
         x = F.pad(x, (0, 0, 0, pad)) if pad else x
-        return x.unflatten(-2, (n_c, C)).movedim(-3, 0)  # (n_c, ..., C, *), a view
+        return x.unflatten(-2, (n_c, C))  # (..., n_c, C, *)
 
-    fqc, fkc = chunked(fq).contiguous(), chunked(fk).contiguous()  # (n_c, ..., C, D)
-    # A column of ones after the values makes every matmul yield the denominator too:
-    # phi(k)^T [v | 1] = [S | z] and phi(q) [S | z] = [numerator | denominator].
-    vac = v.new_empty(n_c, *batch, C, D_v + 1)  # (n_c, ..., C, D_v + 1)
-    vac[..., :D_v] = chunked(v)
-    vac[..., D_v] = 1.0
+    fqc, fkc, vc = chunked(fq), chunked(fk), chunked(v)  # (..., n_c, C, D | D_v)
+    ones = torch.ones_like(vc[..., :1])  # (..., n_c, C, 1)
     if pad:
-        vac[-1, ..., C - pad:, D_v] = 0.0  # padded positions are not keys
+        ones[..., -1, C - pad:, :] = 0.0  # padded positions are not keys
     outs = []
+    # Groups of chunks are sliced out of the natural layout: each group (a few MB) is copied
+    # where matmul needs it, while it is in cache, instead of copying whole tensors up front.
     for g0 in range(0, n_c, _GROUP):
-        qg, kg, vg = fqc[g0:g0 + _GROUP], fkc[g0:g0 + _GROUP], vac[g0:g0 + _GROUP]
-        kv = torch.matmul(kg.transpose(-2, -1), vg)  # (G, ..., D, D_v + 1)
+        g = slice(g0, g0 + _GROUP)
+        qg, kg = fqc[..., g, :, :], fkc[..., g, :, :]  # (..., G, C, D)
+        # A column of ones after the values makes every matmul yield the denominator too:
+        # phi(k)^T [v | 1] = [S | z] and phi(q) [S | z] = [numerator | denominator].
+        vg = torch.cat([vc[..., g, :, :], ones[..., g, :, :]], dim=-1)  # (..., G, C, D_v + 1)
+        kv = torch.matmul(kg.transpose(-2, -1), vg)  # (..., G, D, D_v + 1)
         # state before each chunk of the group: Sz plus the sums of the earlier chunks
-        before = torch.cat([Sz.unsqueeze(0), kv[:-1]]).cumsum(dim=0)  # (G, ..., D, D_v + 1)
-        scores = torch.matmul(qg, kg.transpose(-2, -1)).tril_()  # (G, ..., C, C)
+        before = torch.cat([Sz.unsqueeze(-3), kv[..., :-1, :, :]], dim=-3).cumsum(dim=-3)
+        scores = torch.matmul(qg, kg.transpose(-2, -1)).tril_()  # (..., G, C, C)
         out = torch.matmul(scores, vg)
-        out += torch.matmul(qg, before)  # (G, ..., C, D_v + 1)
+        out += torch.matmul(qg, before)  # (..., G, C, D_v + 1)
         outs.append(out)
-        Sz = before[-1] + kv[-1]
-    out = torch.cat(outs).movedim(0, -3).flatten(-3, -2)[..., :n, :]  # (..., n, D_v + 1)
+        Sz = before[..., -1, :, :] + kv[..., -1, :, :]
+    out = torch.cat(outs, dim=-3).flatten(-3, -2)[..., :n, :]  # (..., n, D_v + 1)
     num, den = out[..., :D_v], out[..., D_v:]  # (..., n, D_v), (..., n, 1)
     S, z = Sz[..., :D_v], Sz[..., D_v]  # (..., D, D_v), (..., D)
     return num, den, LinearAttentionState(kv=S, k_sum=z)
