@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import QUICK, interleaved, machine, machine_line, write_results  # noqa: E402
+from common import QUICK, interleaved, interleaved_runs, machine, machine_line, write_results  # noqa: E402
 from handformer import linear_attention, local_attention, strided_attention  # noqa: E402
 from handformer.masks import strided_mask, window_mask  # noqa: E402
 
@@ -71,14 +71,9 @@ KINDS: dict[str, Callable[..., torch.Tensor]] = {
 def interleaved_stats(fns: dict[str, Callable[[], object]], repeats: int
                       ) -> tuple[dict[str, float], dict[str, float]]:
     """Median and fastest seconds per call, the calls interleaved round by round."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return ({n: statistics.median(t) for n, t in times.items()},
-            {n: min(t) for n, t in times.items()})
+    runs = interleaved_runs(fns, repeats=repeats, warmup=0)
+    return ({n: statistics.median(t) for n, t in runs.items()},
+            {n: min(t) for n, t in runs.items()})
 
 
 def inputs(L: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

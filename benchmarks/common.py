@@ -30,9 +30,9 @@ def machine() -> dict[str, object]:
     }
 
 
-def interleaved(fns: dict[str, Callable[[], object]], *, repeats: int, warmup: int = 1
-                ) -> dict[str, float]:
-    """Median seconds per call of each function, the calls interleaved round by round."""
+def interleaved_runs(fns: dict[str, Callable[[], object]], *, repeats: int, warmup: int = 1
+                     ) -> dict[str, list[float]]:
+    """Seconds of every call of each function, the calls interleaved round by round."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -42,7 +42,14 @@ def interleaved(fns: dict[str, Callable[[], object]], *, repeats: int, warmup: i
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return times
+
+
+def interleaved(fns: dict[str, Callable[[], object]], *, repeats: int, warmup: int = 1
+                ) -> dict[str, float]:
+    """Median seconds per call of each function, the calls interleaved round by round."""
+    runs = interleaved_runs(fns, repeats=repeats, warmup=warmup)
+    return {name: statistics.median(t) for name, t in runs.items()}
 
 
 def write_results(name: str, data: dict[str, object], markdown: str) -> None:
