@@ -9,7 +9,13 @@ vocabulary 1000). Three measurements, each in one process with interleaved runs 
    step); target speed-up >= 5;
 3. linear-attention decoding at contexts 1k..16k: per-token time and cache memory, which
    should stay flat (the (S, z) state has a fixed size), beside full attention's growing KV
-   cache for contrast.
+   cache for contrast;
+4. against the tool users would pick instead: the same GPT-2-shaped model (random weights
+   saved as a GPT-2 folder, loaded by ``handformer.pretrained.load_gpt2`` and by
+   ``transformers.GPT2LMHeadModel``) generating 128 tokens greedily after contexts of 128 and
+   1024 tokens, with handformer's ``generate`` (eager, the default, and ``compile=True``)
+   and transformers' ``generate`` (its KV cache); identical tokens asserted; target
+   handformer / transformers <= 0.5 in ms per new token.
 
 Run: ``make bench`` or ``.venv/bin/python benchmarks/bench_decode.py``
 (``HANDFORMER_BENCH_QUICK=1`` for tiny sizes).
@@ -17,7 +23,11 @@ Run: ``make bench`` or ``.venv/bin/python benchmarks/bench_decode.py``
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
+import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -25,6 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import QUICK, interleaved, machine, machine_line, write_results  # noqa: E402
 from handformer import CausalLM, CausalLMConfig  # noqa: E402
+from handformer.pretrained import load_gpt2  # noqa: E402
 
 V = 1000
 SIZE = dict(d_model=32, num_heads=2, num_layers=1, d_ff=64) if QUICK else \
@@ -33,6 +44,12 @@ SHORT, LONG = (16, 64) if QUICK else (128, 1024)
 GEN_TOKENS = 8 if QUICK else 512
 CONTEXTS = [32, 64] if QUICK else [1024, 2048, 4096, 8192, 16384]
 STEPS = 3 if QUICK else 16  # decode steps timed per measurement
+HF_CONTEXTS = (16, 64) if QUICK else (128, 1024)  # the comparison with transformers
+HF_NEW = 8 if QUICK else 128  # tokens generated after each context
+HF_REPEATS = 1 if QUICK else 5
+# torch.compile with Inductor: its C++ build of the decode step takes about a minute on a
+# 2-core machine; HANDFORMER_BENCH_COMPILE=0 leaves the compiled column out.
+HF_COMPILE = os.environ.get("HANDFORMER_BENCH_COMPILE", "0" if QUICK else "1") == "1"
 
 
 def model(attention: str = "full", max_len: int = 2048) -> CausalLM:
@@ -101,12 +118,96 @@ def bench_long_contexts() -> list[dict[str, float]]:
     return rows
 
 
+def save_gpt2_folder(folder: Path) -> None:
+    """A random GPT-2 of the benchmark's size, saved by transformers (safetensors)."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=V, n_positions=HF_CONTEXTS[-1] + HF_NEW,
+                                     n_embd=SIZE["d_model"], n_layer=SIZE["num_layers"],
+                                     n_head=SIZE["num_heads"], n_inner=SIZE["d_ff"],
+                                     bos_token_id=V - 1, eos_token_id=V - 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        transformers.GPT2LMHeadModel(config).eval().save_pretrained(folder)
+
+
+def bench_vs_transformers() -> dict[str, object]:
+    """ms per new token: handformer's generate (eager; compiled) vs transformers' generate.
+
+    Each library generates ``HF_NEW`` tokens and, separately, 1 token after the same
+    prompt; ``(t(HF_NEW) - t(1)) / (HF_NEW - 1)`` is the time of one decoding step with the
+    cache (the prompt's prefill cancels out). All calls interleaved round by round, medians.
+    """
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    with tempfile.TemporaryDirectory() as tmp:
+        save_gpt2_folder(Path(tmp))
+        ours, _ = load_gpt2(tmp)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp).eval()
+    # Greedy, no early stop: the eos id is never produced on purpose (min_new_tokens would
+    # change the scores), so both sides always generate HF_NEW tokens.
+    theirs.generation_config.eos_token_id = None
+
+    def run_theirs(prompt: torch.Tensor, n: int) -> torch.Tensor:
+        with torch.inference_mode(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return theirs.generate(prompt, attention_mask=torch.ones_like(prompt),
+                                   max_new_tokens=n, do_sample=False, pad_token_id=V - 1)
+
+    variants = {"handformer": lambda p, n: ours.generate(p, max_new_tokens=n),
+                "transformers": run_theirs}
+    compile_s = None
+    if HF_COMPILE:
+        variants["handformer_compiled"] = \
+            lambda p, n: ours.generate(p, max_new_tokens=n, compile=True)
+    rows = []
+    for n_ctx in HF_CONTEXTS:
+        prompt = torch.randint(0, V - 1, (1, n_ctx), generator=torch.Generator().manual_seed(n_ctx))
+        tokens = {}
+        for name, fn in variants.items():
+            start = time.perf_counter()
+            tokens[name] = fn(prompt, HF_NEW)  # also the warm-up (compiles once)
+            if name == "handformer_compiled" and compile_s is None:
+                compile_s = time.perf_counter() - start
+        for name, ids in tokens.items():
+            assert ids.shape == (1, n_ctx + HF_NEW), (name, ids.shape)
+            assert ids.tolist() == tokens["transformers"].tolist(), \
+                f"{name} and transformers chose different greedy tokens at context {n_ctx}"
+        fns = {}
+        for name, fn in variants.items():
+            fns[(name, HF_NEW)] = lambda fn=fn, p=prompt: fn(p, HF_NEW)
+            fns[(name, 1)] = lambda fn=fn, p=prompt: fn(p, 1)
+        times = interleaved(fns, repeats=HF_REPEATS, warmup=1)
+        row: dict[str, object] = {"context": n_ctx, "new_tokens": HF_NEW,
+                                  "identical_tokens": True}
+        for name in variants:
+            row[f"{name}_ms_per_token"] = \
+                (times[(name, HF_NEW)] - times[(name, 1)]) / (HF_NEW - 1) * 1e3
+            row[f"{name}_total_s"] = times[(name, HF_NEW)]
+        for name in variants:
+            if name != "transformers":
+                row[f"{name}_ratio"] = (row[f"{name}_ms_per_token"]
+                                        / row["transformers_ms_per_token"])
+        rows.append(row)
+        print(f"vs transformers, context {n_ctx}: " + ", ".join(
+            f"{name} {row[f'{name}_ms_per_token']:.2f} ms/token" for name in variants)
+            + f"; ratio {row['handformer_ratio']:.2f} (target <= 0.5)", flush=True)
+    return {"rows": rows, "target": 0.5, "compile_s": compile_s,
+            "transformers": transformers.__version__}
+
+
 def main() -> None:
     # One thread: a single-token step is a chain of small ops that two threads cannot share
     # usefully, and on a CPU shared with other processes two threads stall at every barrier
     # (per-token times of 100+ ms instead of a few). The same setting for every variant.
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    load_start = os.getloadavg()[0]
+    peer = bench_vs_transformers()
     lat = bench_context_latency()
     lat_ratio = lat[f"ctx{LONG}"] / lat[f"ctx{SHORT}"]
     print(f"per-token latency: ctx {SHORT} {lat[f'ctx{SHORT}'] * 1e3:.2f} ms, ctx {LONG} "
@@ -121,6 +222,14 @@ def main() -> None:
     flat_mem = max(r["linear_cache_kib"] for r in rows) / min(r["linear_cache_kib"] for r in rows)
     print(f"linear decoding: time max/min {flat_time:.2f}, cache memory max/min {flat_mem:.2f}")
     ok = lambda c: "yes" if c else "NO"  # noqa: E731
+    compiled = HF_COMPILE
+    peer_rows = [
+        f"| {r['context']} | {r['handformer_ms_per_token']:.2f} | "
+        + (f"{r['handformer_compiled_ms_per_token']:.2f} | " if compiled else "")
+        + f"{r['transformers_ms_per_token']:.2f} | {r['handformer_ratio']:.2f} | "
+        + (f"{r['handformer_compiled_ratio']:.2f} | " if compiled else "")
+        + f"{ok(r['handformer_ratio'] <= 0.5)} |"
+        for r in peer["rows"]]
     md = "\n".join([
         "# Decoding: caches vs recomputation",
         "",
@@ -150,6 +259,27 @@ def main() -> None:
         f"Linear attention: time max/min {flat_time:.2f}, cache memory max/min {flat_mem:.2f} "
         "(flat = 1). The full-attention KV cache grows with the context (its buffer doubles).",
         "",
+        f"## Against transformers {peer['transformers']}: GPT2LMHeadModel.generate",
+        "",
+        f"The same random GPT-2 ({SIZE['num_layers']} layers, d={SIZE['d_model']}, "
+        f"{SIZE['num_heads']} heads, vocabulary {V}) saved as a GPT-2 folder, loaded by "
+        "`handformer.pretrained.load_gpt2` and by `transformers.GPT2LMHeadModel`; greedy "
+        f"generation of {HF_NEW} tokens after the context, both with their KV cache, one torch "
+        "thread, identical tokens asserted. ms per new token = (time for "
+        f"{HF_NEW} tokens - time for 1 token) / {HF_NEW - 1} (the prompt's prefill cancels "
+        f"out); medians of {HF_REPEATS} interleaved rounds.",
+        "",
+        "| context | handformer ms/token | "
+        + ("handformer compile=True ms/token | " if compiled else "")
+        + "transformers ms/token | handformer / transformers | "
+        + ("compiled / transformers | " if compiled else "") + "≤ 0.5 |",
+        "|---|---|---|---|" + ("---|---|" if compiled else "") + "---|",
+        *peer_rows,
+        "",
+        (f"`compile=True` (torch.compile, Inductor) compiled in {peer['compile_s']:.0f} s "
+         "(first call; later calls reuse the graph)." if compiled
+         else "`compile=True` was not measured (HANDFORMER_BENCH_COMPILE=0)."),
+        "",
         "Reproduce: `.venv/bin/python benchmarks/bench_decode.py` (or `make bench`).",
         "",
     ])
@@ -158,7 +288,8 @@ def main() -> None:
         "latency": {**lat, "ratio": lat_ratio, "target": 2.0},
         "generate": {**gen, "tokens": GEN_TOKENS, "speedup": speedup, "target": 5.0},
         "long_contexts": rows, "linear_time_max_over_min": flat_time,
-        "linear_memory_max_over_min": flat_mem,
+        "linear_memory_max_over_min": flat_mem, "vs_transformers": peer,
+        "load_average_start_end": [load_start, os.getloadavg()[0]],
     }, md)
 
 
