@@ -162,7 +162,8 @@ class MultiHeadAttention(nn.Module):
         k = self.hook_k(self.split_heads(self.k_proj(key)))  # (B, H, L_k, D)
         v = self.hook_v(self.split_heads(self.v_proj(value)))  # (B, H, L_k, D)
         if self.rotary is not None:
-            q, k = self.rotary(q, k, positions, offset=0 if cache is None else cache.seen)
+            offset = cache.seen if cache is not None and positions is None else 0
+            q, k = self.rotary(q, k, positions, offset=offset)
             q, k = self.hook_rot_q(q), self.hook_rot_k(k)
         dropout_p = self.dropout if self.training else 0.0
         explicit = self.hook_attn_scores.listening() or self.hook_pattern.listening()

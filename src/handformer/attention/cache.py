@@ -4,10 +4,15 @@ A decoder that generates token by token would recompute every earlier key and va
 step. A cache keeps what later steps need instead, and every attention kind keeps something
 different:
 
-* :class:`KVCache` (full and strided attention): all keys and values so far, in a buffer that
-  grows by doubling. Strided attention keeps every key too (its pattern reaches back to any
-  multiple of the stride); the pattern is applied by the kind itself, on the cached keys,
-  thanks to the bottom-right alignment of ``causal``.
+* :class:`KVCache` (full and strided attention): all keys and values so far, in a buffer
+  written in place, allocated for ``capacity`` tokens when that is known (``generate`` knows
+  it: prompt plus new tokens) and otherwise grown by doubling. Strided attention keeps every
+  key too (its pattern reaches back to any multiple of the stride); the pattern is applied by
+  the kind itself, on the cached keys, thanks to the bottom-right alignment of ``causal``.
+* :class:`StaticKVCache` (full attention under ``torch.compile``): the same keys and values
+  in buffers of a fixed capacity, attended in full with a key mask (slots not written yet
+  are masked), so that every decoding step has the same shapes and one compiled graph
+  serves them all.
 * :class:`WindowKVCache` (local attention): a rolling window of the last
   ``window_size // 2`` keys (what a causal query can still reach). Memory is bounded, it does
   not grow with the length.
@@ -39,7 +44,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from handformer.attention.kinds import AttentionKind
+from handformer.attention.kinds import AttentionKind, FullAttention
 from handformer.attention.linear import LinearAttention, LinearAttentionState
 from handformer.attention.local import LocalAttention
 from handformer.masks import check_mask
@@ -47,6 +52,7 @@ from handformer.masks import check_mask
 __all__ = [
     "LayerCache",
     "KVCache",
+    "StaticKVCache",
     "WindowKVCache",
     "LinearStateCache",
     "DecodingCache",
@@ -84,6 +90,12 @@ def _check_step(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> None:
             f"with a cache, queries and new keys come from the same tokens: q has "
             f"{q.shape[2]}, k has {k.shape[2]}"
         )
+
+
+def _check_capacity(capacity: object) -> int:
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+        raise ValueError(f"capacity must be a positive integer (tokens), got {capacity!r}")
+    return capacity
 
 
 def _join_keep(old: Tensor | None, n_old: int, new: Tensor | None, B: int, L_new: int,
@@ -145,11 +157,20 @@ class LayerCache:
 class KVCache(LayerCache):
     """Every key and value so far (full and strided attention); grows with the length.
 
-    Storage doubles when full, so appending one token costs O(1) amortised copies.
+    The buffers are written in place. They are allocated for ``capacity`` tokens at the first
+    call when it is given (no copy ever after, as long as it suffices); otherwise, and past
+    it, storage doubles when full, so appending one token costs O(1) amortised copies.
+
+    Args:
+        capacity: tokens to allocate room for at the first call (None: start small, double).
+
+    Raises:
+        ValueError: for a ``capacity`` that is not a positive integer.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int | None = None) -> None:
         super().__init__()
+        self.capacity = None if capacity is None else _check_capacity(capacity)
         self._k: Tensor | None = None  # (B, H, capacity, D)
         self._v: Tensor | None = None  # (B, H, capacity, D_v)
         self._keep: Tensor | None = None  # (B, n) bool, None = no padding so far
@@ -184,15 +205,16 @@ class KVCache(LayerCache):
                         f"the cache holds batch/heads {tuple(self._k.shape[:2])}, got new keys "
                         f"{tuple(k.shape)}"
                     )
-                capacity = max(2 * n, 16)
+                first = self._k is None and self.capacity is not None and n <= self.capacity
+                capacity = self.capacity if first else max(2 * n, 16)
                 new_k = k.new_empty(B, H, capacity, D)  # (B, H, capacity, D)
                 new_v = v.new_empty(B, H, capacity, v.shape[-1])  # (B, H, capacity, D_v)
                 if self._n:
                     new_k[:, :, :self._n] = self._k[:, :, :self._n]
                     new_v[:, :, :self._n] = self._v[:, :, :self._n]
                 self._k, self._v = new_k, new_v
-            self._k[:, :, self._n:n] = k
-            self._v[:, :, self._n:n] = v
+            self._k.narrow(2, self._n, L_new).copy_(k)  # in place: (B, H, L_new, D)
+            self._v.narrow(2, self._n, L_new).copy_(v)
         self._n = n
         return self.keys_values()
 
@@ -208,6 +230,86 @@ class KVCache(LayerCache):
         key_mask = None if self._keep is None else self._keep[:, None, None, :]
         # key_mask: (B, 1, 1, L_k); causal is bottom-right, so the new queries sit last.
         return attention(q, k_all, v_all, causal=L_new > 1, mask=key_mask,
+                         need_weights=need_weights, dropout_p=dropout_p)
+
+
+class StaticKVCache(LayerCache):
+    """Keys and values in buffers of a fixed ``capacity``, attended in full with a key mask.
+
+    What ``torch.compile`` needs for decoding (``generate(..., compile=True)``): every call
+    with one new token has the same shapes, whatever the length so far, so one compiled graph
+    serves every step. The new keys are written in place at the next free slots (a position
+    held in a tensor, not a Python number the graph would depend on); the queries attend
+    over the whole buffer with the mask ``filled[j] and j <= slot of the query``, which
+    hides the slots not written yet and is the causal pattern within the new tokens. The
+    numbers equal :class:`KVCache`'s (masked keys get weight exactly 0), up to rounding.
+
+    Only for attention kinds that attend to every allowed key (full attention): a kind with
+    its own pattern (local, strided) places it relative to the last key, which here is the
+    end of the buffer.
+
+    Args:
+        capacity: the most tokens the cache will hold (prompt plus new tokens).
+
+    Raises:
+        ValueError: for a ``capacity`` that is not a positive integer; when more tokens
+            than ``capacity`` are fed.
+    """
+
+    def __init__(self, capacity: int) -> None:  # no super().__init__(): ``seen`` is derived
+        self.capacity = _check_capacity(capacity)
+        self._k: Tensor | None = None  # (B, H, capacity, D)
+        self._v: Tensor | None = None  # (B, H, capacity, D_v)
+        self._filled: Tensor | None = None  # (B, capacity) bool: a real token in this slot
+        self._slot: Tensor | None = None  # (1,) long: the next free slot
+        self._key_pos: Tensor | None = None  # (capacity,) long: 0 .. capacity - 1
+
+    @property
+    def seen(self) -> int:
+        """Tokens fed so far, read from the slot tensor (never inside a compiled graph)."""
+        return 0 if self._slot is None else int(self._slot)
+
+    @property
+    def num_keys(self) -> int:
+        return self.seen
+
+    def nbytes(self) -> int:
+        held = [t for t in (self._k, self._v, self._filled, self._slot, self._key_pos)
+                if t is not None]
+        return sum(t.numel() * t.element_size() for t in held)
+
+    def _allocate(self, k: Tensor, v: Tensor) -> None:
+        B, H, _, D = k.shape
+        self._k = k.new_zeros(B, H, self.capacity, D)  # (B, H, capacity, D)
+        self._v = v.new_zeros(B, H, self.capacity, v.shape[-1])  # (B, H, capacity, D_v)
+        self._filled = torch.zeros(B, self.capacity, dtype=torch.bool, device=k.device)
+        self._slot = torch.zeros(1, dtype=torch.long, device=k.device)
+        self._key_pos = torch.arange(self.capacity, device=k.device)  # (capacity,)
+
+    def attend(self, attention: AttentionKind, q: Tensor, k: Tensor, v: Tensor, *,
+               causal: bool = True, mask: Tensor | None = None, need_weights: bool = False,
+               dropout_p: float = 0.0) -> tuple[Tensor, Tensor | None]:
+        _check_step(q, k, v, causal)
+        B, _, L_new, _ = q.shape
+        # (Inside torch.compile the caller sized the cache: reading the slot would break the
+        # graph.)
+        if not torch.compiler.is_compiling() and self.seen + L_new > self.capacity:
+            raise ValueError(f"the static cache holds {self.capacity} tokens: {self.seen} "
+                             f"cached + {L_new} new do not fit")
+        if self._k is None:
+            self._allocate(k, v)
+        keep_new = _new_key_mask(mask, B, L_new)
+        slots = self._slot + torch.arange(L_new, device=q.device)  # (L_new,)
+        self._k.index_copy_(2, slots, k)  # in place, at the next free slots
+        self._v.index_copy_(2, slots, v)
+        self._filled.index_fill_(1, slots, True)
+        if keep_new is not None:
+            self._filled.index_copy_(1, slots, keep_new)
+        # (B, 1, L_new, capacity): a written, real key at or before the query's own slot.
+        key_mask = (self._filled[:, None, None, :]
+                    & (self._key_pos <= slots[:, None])[None, None])
+        self._slot += L_new
+        return attention(q, self._k, self._v, causal=False, mask=key_mask,
                          need_weights=need_weights, dropout_p=dropout_p)
 
 
@@ -305,22 +407,36 @@ class LinearStateCache(LayerCache):
         return out, None
 
 
-def cache_for(attention: AttentionKind) -> LayerCache:
+def cache_for(attention: AttentionKind, *, capacity: int | None = None,
+              static: bool = False) -> LayerCache:
     """The cache an attention kind needs for decoding.
 
     Local attention gets a :class:`WindowKVCache`, linear attention a
-    :class:`LinearStateCache`, every other kind (full, strided, ...) a :class:`KVCache`.
+    :class:`LinearStateCache` (both of a fixed size already), full attention a
+    :class:`KVCache` (a :class:`StaticKVCache` with ``static=True``), every other kind
+    (strided, ...) a :class:`KVCache`.
+
+    Args:
+        attention: the layer's attention kind.
+        capacity: tokens a KV cache allocates room for up front (None: it grows).
+        static: full attention gets a :class:`StaticKVCache` of ``capacity`` tokens (for
+            ``torch.compile``).
 
     Raises:
         TypeError: if ``attention`` is not an attention kind.
+        ValueError: for ``static=True`` without a ``capacity``.
     """
     if not isinstance(attention, AttentionKind):
         raise TypeError(f"attention must be an attention kind, got {type(attention).__name__}")
+    if static and capacity is None:
+        raise ValueError("static=True needs a capacity (the most tokens the cache will hold)")
     if isinstance(attention, LocalAttention):
         return WindowKVCache(attention.window_size)
     if isinstance(attention, LinearAttention):
         return LinearStateCache()
-    return KVCache()
+    if static and type(attention) is FullAttention:
+        return StaticKVCache(capacity)
+    return KVCache(capacity)
 
 
 @dataclass

@@ -15,10 +15,12 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
@@ -99,10 +101,28 @@ class CausalLM(nn.Module):
 
     # ---- running ---------------------------------------------------------------------------
 
-    def new_cache(self) -> DecodingCache:
+    def new_cache(self, *, capacity: int | None = None, static: bool = False) -> DecodingCache:
         """An empty decoding cache: one layer cache per layer, of the kind its attention needs
-        (growing KV for full/strided, rolling window for local, (S, z) state for linear)."""
-        return DecodingCache([cache_for(layer.self_attn.attention) for layer in self.layers])
+        (KV for full/strided, rolling window for local, (S, z) state for linear).
+
+        Args:
+            capacity: tokens the KV caches allocate room for at the first call, written in
+                place from then on (None: they start small and grow by doubling); at most
+                ``max_len``.
+            static: full attention gets fixed-shape caches of ``capacity`` tokens
+                (:class:`~handformer.attention.cache.StaticKVCache`), what a compiled
+                decoding step needs (``generate(..., compile=True)``).
+
+        Raises:
+            ValueError: for a ``capacity`` that is not an integer in ``[1, max_len]``, or
+                ``static=True`` without one.
+        """
+        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
+                                     or not 1 <= capacity <= self.config.max_len):
+            raise ValueError(f"capacity must be an integer in [1, max_len={self.config.max_len}]"
+                             f", got {capacity!r}")
+        return DecodingCache([cache_for(layer.self_attn.attention, capacity=capacity,
+                                        static=static) for layer in self.layers])
 
     def forward(self, input_ids: Tensor, *, attention_mask: Tensor | None = None,
                 cache: DecodingCache | None = None, need_weights: bool = False
@@ -140,12 +160,39 @@ class CausalLM(nn.Module):
             positions = start[:, None] + torch.arange(L, device=input_ids.device)  # (B, L)
         else:
             positions = (start[:, None] + keep.long().cumsum(1) - 1).clamp(min=0)  # (B, L)
+        logits, attentions = self.run(input_ids, positions, keep=keep, cache=cache,
+                                      need_weights=need_weights)
+        if cache is not None:
+            cache.seen = past + L
+            cache.next_positions = start + (L if keep is None else keep.long().sum(1))
+        return CausalLMOutput(logits, attentions, cache)
 
+    def run(self, input_ids: Tensor, positions: Tensor, *, keep: Tensor | None = None,
+            cache: DecodingCache | None = None, need_weights: bool = False
+            ) -> tuple[Tensor, tuple[Tensor, ...] | None]:
+        """The forward pass proper, on inputs already checked: embeddings, layers, head.
+
+        :meth:`forward` checks its arguments, works out the positions and advances the
+        cache's counters around this; :meth:`decode_step` (what ``generate`` runs for every
+        new token) calls it directly, and ``generate(..., compile=True)`` compiles it.
+
+        Args:
+            input_ids: ``(B, L)`` token ids.
+            positions: ``(B, L)`` position of each token.
+            keep: ``(B, L)`` bool, False on padding (None = all real).
+            cache: the decoding cache; its layer caches are fed, its counters not touched.
+            need_weights: also return every layer's attention weights.
+
+        Returns:
+            ``(logits, attentions)``: ``(B, L, V)`` and a tuple of per-layer weights (or
+            None).
+        """
         x = self.hook_embed(self.tok_emb(input_ids))  # (B, L, E)
         if isinstance(self.pos_emb, LearnedPositionalEmbedding):
-            x = x + self.hook_pos_embed(self.pos_emb.weight[positions])  # (B, L, E)
+            # embedding() is index_select: one op, where weight[positions] is a gather
+            x = x + self.hook_pos_embed(F.embedding(positions, self.pos_emb.weight))  # (B, L, E)
         elif isinstance(self.pos_emb, SinusoidalPositionalEncoding):
-            x = x + self.hook_pos_embed(self.pos_emb.pe[positions].to(x.dtype))  # (B, L, E)
+            x = x + self.hook_pos_embed(F.embedding(positions, self.pos_emb.pe).to(x.dtype))
         x = self.drop(x)
         mask = None if keep is None else keep[:, None, None, :]  # (B, 1, 1, L)
         attentions = []
@@ -158,10 +205,36 @@ class CausalLM(nn.Module):
         if self.norm is not None:
             x = self.hook_final_norm(self.norm(x))
         logits = self.lm_head(x)  # (B, L, V)
-        if cache is not None:
-            cache.seen = past + L
-            cache.next_positions = start + (L if keep is None else keep.long().sum(1))
-        return CausalLMOutput(logits, tuple(attentions) if need_weights else None, cache)
+        return logits, (tuple(attentions) if need_weights else None)
+
+    def decode_step(self, input_ids: Tensor, cache: DecodingCache,
+                    run: Callable[..., tuple[Tensor, object]] | None = None) -> Tensor:
+        """One decoding step for trusted inputs: the next-token logits ``(B, V)``.
+
+        For loops that checked their inputs once (``generate`` does): none of
+        :meth:`forward`'s per-call checks run (ids in range, a cache of this model and batch,
+        the context length), so call :meth:`forward` for anything else. ``input_ids`` are
+        real tokens (no padding) following what ``cache`` holds; the cache advances.
+
+        Args:
+            input_ids: ``(B, L)`` new token ids, usually ``L = 1``.
+            cache: the cache of the earlier tokens (at least one :meth:`forward` call).
+            run: what computes the logits, :meth:`run` by default (``generate`` passes a
+                compiled one).
+
+        Returns:
+            ``(B, V)`` logits of the last new token.
+        """
+        L = input_ids.shape[1]
+        start = cache.next_positions  # (B,)
+        if L == 1:
+            positions = start[:, None]  # (B, 1), a view: no op
+        else:
+            positions = start[:, None] + torch.arange(L, device=start.device)  # (B, L)
+        logits, _ = (run or self.run)(input_ids, positions, cache=cache)
+        cache.seen += L
+        cache.next_positions = start + L
+        return logits[:, -1]
 
     def _check_ids(self, input_ids: Tensor) -> tuple[int, int]:
         if not isinstance(input_ids, Tensor):

@@ -12,6 +12,7 @@ afterwards, and generation stops when every sequence is finished.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -73,10 +74,14 @@ def generate(model: nn.Module, input_ids: Tensor, *, max_new_tokens: int,
              top_p: float | None = None, eos_token_id: int | None = None,
              pad_token_id: int | None = None, attention_mask: Tensor | None = None,
              generator: torch.Generator | None = None, use_cache: bool = True,
-             streamer: Callable[[Tensor], None] | None = None) -> Tensor:
+             streamer: Callable[[Tensor], None] | None = None, compile: bool = False,
+             compile_backend: str = "inductor") -> Tensor:
     """Generate up to ``max_new_tokens`` tokens after each prompt.
 
-    The model runs in eval mode (no dropout) and without gradients; its mode is restored.
+    The model runs in eval mode (no dropout) and under ``torch.inference_mode``; its mode is
+    restored. The arguments are checked once, here; the steps then run without per-call
+    checks (:meth:`~handformer.CausalLM.decode_step`), with a cache allocated for the prompt
+    plus ``max_new_tokens`` tokens and written in place.
 
     Args:
         model: a :class:`~handformer.CausalLM` (anything with ``config.max_len``,
@@ -94,6 +99,14 @@ def generate(model: nn.Module, input_ids: Tensor, *, max_new_tokens: int,
         generator: a seeded ``torch.Generator`` makes sampling reproducible.
         use_cache: decode incrementally with the model's cache (same tokens, much faster).
         streamer: called with each new ``(B,)`` token tensor as soon as it is chosen.
+        compile: run each decoding step as one graph compiled by ``torch.compile``, on
+            fixed-shape caches (:class:`~handformer.attention.cache.StaticKVCache`): the
+            first call compiles (a minute or so with Inductor on a small CPU), later calls
+            with the same model, batch size and cache size reuse it. Same tokens as the
+            eager default, up to rounding. Needs ``use_cache`` and a
+            :class:`~handformer.CausalLM` whose attention is full or linear.
+        compile_backend: the ``torch.compile`` backend (``"inductor"``; ``"aot_eager"``
+            traces the same graph without code generation, for tests).
 
     Returns:
         ``(B, L + n)`` prompt plus generated ids, ``n <= max_new_tokens`` (fewer when every
@@ -101,8 +114,9 @@ def generate(model: nn.Module, input_ids: Tensor, *, max_new_tokens: int,
 
     Raises:
         ValueError: for ``max_new_tokens < 0``, ``temperature <= 0`` with sampling,
-            ``top_k < 1``, ``top_p`` outside (0, 1], token ids outside the vocabulary, or
-            a prompt that with ``max_new_tokens`` does not fit in the context ``max_len``.
+            ``top_k < 1``, ``top_p`` outside (0, 1], token ids outside the vocabulary, a
+            prompt that with ``max_new_tokens`` does not fit in the context ``max_len``,
+            or ``compile=True`` without a cache or with an attention kind it cannot compile.
         TypeError: for a ``generator`` that is not a ``torch.Generator``.
     """
     _check_int("max_new_tokens", max_new_tokens, 0)
@@ -126,33 +140,90 @@ def generate(model: nn.Module, input_ids: Tensor, *, max_new_tokens: int,
         raise ValueError(f"prompt ({L} tokens) + max_new_tokens ({max_new_tokens}) = "
                          f"{L + max_new_tokens} exceeds the context max_len={config.max_len}; "
                          f"ask for at most {config.max_len - L} new tokens")
+    run = _compiled_run(model, compile, compile_backend, use_cache)
     pad = eos_token_id if pad_token_id is None else pad_token_id
 
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
-            return _loop(model, input_ids, attention_mask, max_new_tokens, do_sample,
-                         temperature, top_k, top_p, eos_token_id, pad, generator, use_cache,
-                         streamer)
+        with torch.inference_mode():
+            ids = _loop(model, input_ids, attention_mask, max_new_tokens, do_sample,
+                        temperature, top_k, top_p, eos_token_id, pad, generator, use_cache,
+                        streamer, run)
     finally:
         model.train(was_training)
+    return ids.clone()  # an ordinary tensor: inference-mode tensors refuse in-place edits
+
+
+# One compiled forward pass per model class and backend; torch.compile keeps a graph per
+# model, batch size and cache size under it (and recompiles for a new one).
+_COMPILED: dict[tuple[type, str], Callable[..., tuple[Tensor, object]]] = {}
+
+
+def _compiled_run(model: nn.Module, compile: bool, backend: str, use_cache: bool
+                  ) -> Callable[..., tuple[Tensor, object]] | None:
+    """``model.run`` compiled for decoding steps (None when ``compile`` is False)."""
+    if not isinstance(compile, bool):
+        raise ValueError(f"compile must be True or False, got {compile!r}")
+    if not compile:
+        return None
+    if not use_cache:
+        raise ValueError("compile=True compiles the cached decoding step: it needs "
+                         "use_cache=True")
+    if not isinstance(backend, str):
+        raise ValueError(f"compile_backend must be a torch.compile backend name, got "
+                         f"{backend!r}")
+    if not hasattr(model, "decode_step") or not hasattr(model, "run"):
+        raise ValueError(f"compile=True needs a model with decode_step() and run() (a "
+                         f"handformer CausalLM), got {type(model).__name__}")
+    kind = getattr(model.config, "attention", None)
+    if kind not in ("full", "linear"):
+        raise ValueError(f"compile=True supports attention='full' and 'linear' (caches of "
+                         f"a fixed shape), not attention={kind!r}; use compile=False")
+    key = (type(model), backend)
+    if key not in _COMPILED:
+        _COMPILED[key] = torch.compile(type(model).run, backend=backend, fullgraph=True,
+                                       dynamic=False)
+    compiled = _COMPILED[key]
+    return lambda *args, **kwargs: compiled(model, *args, **kwargs)
+
+
+def _static_capacity(needed: int, max_len: int) -> int:
+    """Room for ``needed`` tokens, rounded up to a multiple of 256 (at most ``max_len``), so
+    that prompts of similar lengths share one compiled graph."""
+    return min(max_len, -(-needed // 256) * 256)
 
 
 def _loop(model: nn.Module, ids: Tensor, mask: Tensor | None, max_new_tokens: int,
           do_sample: bool, temperature: float, top_k: int | None, top_p: float | None,
           eos: int | None, pad: int | None, generator: torch.Generator | None,
-          use_cache: bool, streamer: Callable[[Tensor], None] | None) -> Tensor:
-    B = ids.shape[0]
+          use_cache: bool, streamer: Callable[[Tensor], None] | None,
+          run: Callable[..., tuple[Tensor, object]] | None) -> Tensor:
+    B, L = ids.shape
+    out = ids.new_empty(B, L + max_new_tokens)  # prompt + new tokens, filled step by step
+    out[:, :L] = ids
     finished = torch.zeros(B, dtype=torch.bool, device=ids.device)
-    cache = model.new_cache() if use_cache else None
-    new_ids, new_mask = ids, mask
-    for _ in range(max_new_tokens):
-        if cache is not None:
-            out = model(new_ids, attention_mask=new_mask, cache=cache)
+    cache = None
+    if use_cache:
+        needed = L + max_new_tokens
+        cache = (model.new_cache(capacity=_static_capacity(needed, model.config.max_len),
+                                 static=True) if run is not None
+                 else _new_cache(model, needed))
+    step = getattr(model, "decode_step", None)
+    token = ids[:, -1]  # (B,) the last token so far
+    n = L
+    for i in range(max_new_tokens):
+        if cache is None:  # recompute the whole sequence (mask grows with it)
+            logits = model(out[:, :n], attention_mask=mask).logits[:, -1]
+            if mask is not None:
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (B, n + 1)
+        elif i == 0:  # the prompt, checked by forward
+            logits = model(ids, attention_mask=mask, cache=cache).logits[:, -1]
+        elif step is not None:  # trusted step: its inputs were checked above
+            logits = step(token[:, None], cache, run)  # token (B,) -> (B, 1)
         else:
-            out = model(ids, attention_mask=mask)
-        logits = out.logits[:, -1, :].float()  # (B, V)
+            logits = model(token[:, None], cache=cache).logits[:, -1]
+        logits = logits.float()  # (B, V)
         if do_sample:
             logits = filter_logits(logits / temperature, top_k=top_k, top_p=top_p)
             probs = torch.softmax(logits, dim=-1)  # (B, V)
@@ -161,14 +232,19 @@ def _loop(model: nn.Module, ids: Tensor, mask: Tensor | None, max_new_tokens: in
             token = logits.argmax(dim=-1)  # (B,)
         if eos is not None:
             token = token.masked_fill(finished, pad)
-        ids = torch.cat([ids, token[:, None]], dim=1)  # (B, L + 1)
-        if mask is not None:
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (B, L + 1)
-        new_ids, new_mask = token[:, None], None  # (B, 1); new tokens are real
+        out[:, n] = token
+        n += 1
         if streamer is not None:
             streamer(token)
         if eos is not None:
             finished |= token == eos
             if bool(finished.all()):
                 break
-    return ids
+    return out[:, :n]
+
+
+def _new_cache(model: nn.Module, capacity: int):  # noqa: ANN202 - the model's cache type
+    """A cache with room for ``capacity`` tokens (models whose new_cache takes no size: theirs)."""
+    if "capacity" in inspect.signature(model.new_cache).parameters:
+        return model.new_cache(capacity=capacity)
+    return model.new_cache()
