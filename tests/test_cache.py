@@ -10,6 +10,7 @@ import handformer as hf
 from handformer.attention.cache import (
     KVCache,
     LinearStateCache,
+    StaticKVCache,
     WindowKVCache,
     cache_for,
 )
@@ -42,9 +43,10 @@ def left_padded_batch() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def decode(model: hf.CausalLM, ids: torch.Tensor, mask: torch.Tensor | None,
-           chunks: list[int]) -> tuple[torch.Tensor, hf.attention.cache.DecodingCache]:
+           chunks: list[int], **cache_options: object
+           ) -> tuple[torch.Tensor, hf.attention.cache.DecodingCache]:
     """Feed ``ids`` in pieces of the given sizes (then one token at a time) through a cache."""
-    cache = model.new_cache()
+    cache = model.new_cache(**cache_options)
     logits, start = [], 0
     sizes = chunks + [1] * (ids.shape[1] - sum(chunks))
     for n in sizes:
@@ -66,6 +68,56 @@ def test_incremental_equals_full_recomputation(kind: str, chunks: list[int]) -> 
     torch.testing.assert_close(stepped, full, atol=1e-5, rtol=1e-5)
     assert cache.seen == T
     assert cache.next_positions.tolist() == mask.sum(1).tolist()
+
+
+@pytest.mark.parametrize("kind", ["full", "strided", "rotary", "linear", "local4"])
+@pytest.mark.parametrize("options", [dict(capacity=T), dict(capacity=T + 5, static=True)],
+                         ids=["preallocated", "static"])
+@pytest.mark.parametrize("chunks", [[], [5, 3]], ids=["steps", "chunks"])
+def test_preallocated_and_static_caches_equal_full_recomputation(
+        kind: str, options: dict, chunks: list[int]) -> None:
+    model = make(**KINDS[kind])
+    ids, mask = left_padded_batch()
+    with torch.no_grad():
+        full = model(ids, attention_mask=mask).logits
+        stepped, cache = decode(model, ids, mask, chunks, **options)
+    torch.testing.assert_close(stepped, full, atol=1e-5, rtol=1e-5)
+    static = options.get("static", False) and KINDS[kind]["attention"] == "full"
+    assert isinstance(cache.layers[0], StaticKVCache) == static
+    assert all(c.seen == T for c in cache.layers)
+
+
+def test_a_preallocated_cache_is_written_in_place_and_grows_past_its_capacity() -> None:
+    model = make()
+    cache = model.new_cache(capacity=12)
+    ids = torch.randint(0, V, (2, 14))
+    with torch.no_grad():
+        model(ids[:, :4], cache=cache)
+        layer = cache.layers[0]
+        storage = layer._k.data_ptr()
+        assert layer.nbytes() == 2 * (2 * 2 * 12 * 8) * 4  # k and v, (B, H, 12, D) float32
+        for i in range(4, 12):
+            model(ids[:, i:i + 1], cache=cache)
+            assert layer._k.data_ptr() == storage  # no reallocation up to the capacity
+        model(ids[:, 12:], cache=cache)  # past it: grows, as an unsized cache does
+    assert layer.num_keys == 14 and layer._k.data_ptr() != storage
+
+
+def test_static_cache_refuses_more_than_its_capacity_and_sizes_are_checked() -> None:
+    model = make()
+    cache = model.new_cache(capacity=6, static=True)
+    with torch.no_grad():
+        model(torch.zeros(1, 4, dtype=torch.long), cache=cache)
+        with pytest.raises(ValueError, match="the static cache holds 6 tokens: 4 cached \\+ 3 "
+                                             "new do not fit"):
+            model(torch.zeros(1, 3, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match=r"capacity must be an integer in \[1, max_len=40\], "
+                                         "got 41"):
+        model.new_cache(capacity=41)
+    with pytest.raises(ValueError, match="static=True needs a capacity"):
+        model.new_cache(static=True)
+    with pytest.raises(ValueError, match="capacity must be a positive integer"):
+        KVCache(0)
 
 
 @pytest.mark.parametrize("kind", ["full", "local4", "linear"])

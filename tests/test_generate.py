@@ -134,6 +134,9 @@ def test_streamer_mode_and_zero_tokens() -> None:
     (dict(generator=3), TypeError, "generator must be a torch.Generator"),
     (dict(max_new_tokens=44), ValueError, r"prompt \(5 tokens\) \+ max_new_tokens \(44\) = 49 "
                                           r"exceeds the context max_len=48; ask for at most 43"),
+    (dict(compile=1), ValueError, "compile must be True or False, got 1"),
+    (dict(compile=True, use_cache=False), ValueError, "compile=True compiles the cached "
+                                                      "decoding step: it needs use_cache=True"),
 ])
 def test_invalid_settings(kwargs: dict, error: type, message: str) -> None:
     settings = {"max_new_tokens": 3, **kwargs}
@@ -145,3 +148,33 @@ def test_prompt_longer_than_context() -> None:
     with pytest.raises(ValueError, match="the prompt has 49 tokens, longer than the context "
                                          "max_len=48"):
         make().generate(torch.zeros(1, 49, dtype=torch.long), max_new_tokens=1)
+
+
+def test_compile_refuses_kinds_without_fixed_shape_caches() -> None:
+    for kind in (dict(attention="local", window_size=3), dict(attention="strided", stride=2)):
+        with pytest.raises(ValueError, match="compile=True supports attention='full' and "
+                                             "'linear'"):
+            make(**kind).generate(torch.zeros(1, 5, dtype=torch.long), max_new_tokens=2,
+                                  compile=True)
+
+
+@pytest.mark.parametrize("kind", [dict(), dict(attention="linear"), dict(positional="rotary")])
+def test_decode_step_equals_forward_on_the_whole_sequence(kind: dict) -> None:
+    """The trusted step generate runs (no per-call checks) computes forward's logits."""
+    model = make(**kind)
+    ids, mask = torch.randint(0, V, (2, 9)), torch.tensor([[1] * 9, [0] * 3 + [1] * 6])
+    with torch.no_grad():
+        full = model(ids, attention_mask=mask).logits  # (2, 9, V)
+        for capacity in (None, 9):
+            cache = model.new_cache(capacity=capacity)
+            model(ids[:, :5], attention_mask=mask[:, :5], cache=cache)
+            steps = [model.decode_step(ids[:, i:i + 1], cache) for i in range(5, 9)]
+            torch.testing.assert_close(torch.stack(steps, 1), full[:, 5:], atol=1e-5, rtol=1e-5)
+            assert cache.seen == 9 and cache.next_positions.tolist() == [9, 6]
+
+
+def test_generate_returns_an_ordinary_tensor() -> None:
+    """The loop runs under inference_mode; what it returns can still be edited in place."""
+    out = make().generate(torch.zeros(1, 3, dtype=torch.long), max_new_tokens=4)
+    assert not out.is_inference()
+    out[0, 0] = 1

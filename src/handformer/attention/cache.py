@@ -373,12 +373,20 @@ class LinearStateCache(LayerCache):
     + eps)``, with ``S = sum phi(k) v^T`` and ``z = sum phi(k)`` over all earlier tokens,
     computed by the kind's recurrent :meth:`~handformer.attention.linear.LinearAttention.step`.
     Padded keys (mask False) are left out of the sums. The state is kept in float32.
+
+    The token count is a tensor (as :class:`StaticKVCache`'s slot): the state has one shape
+    whatever the length, so a compiled decoding step serves every step.
     """
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self) -> None:  # no super().__init__(): ``seen`` is derived
         self.S: Tensor | None = None  # (B, H, D, D_v) float32
         self.z: Tensor | None = None  # (B, H, D) float32
+        self._count: Tensor | None = None  # () long: tokens fed so far
+
+    @property
+    def seen(self) -> int:
+        """Tokens fed so far, read from the count tensor (never inside a compiled graph)."""
+        return 0 if self._count is None else int(self._count)
 
     @property
     def num_keys(self) -> int:
@@ -403,7 +411,9 @@ class LinearStateCache(LayerCache):
         state = None if self.S is None else LinearAttentionState(kv=self.S, k_sum=self.z)
         out, state = attention.step(q, k, v, state, mask=key_mask)
         self.S, self.z = state.kv, state.k_sum  # (B, H, D, D_v), (B, H, D)
-        self.seen += L_new
+        if self._count is None:
+            self._count = torch.zeros((), dtype=torch.long, device=q.device)
+        self._count += L_new
         return out, None
 
 
