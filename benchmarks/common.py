@@ -30,25 +30,29 @@ def machine() -> dict[str, object]:
     }
 
 
-def interleaved_runs(fns: dict[str, Callable[[], object]], *, repeats: int, warmup: int = 1
-                     ) -> dict[str, list[float]]:
-    """Seconds of every call of each function, the calls interleaved round by round."""
+def interleaved_runs(fns: dict[str, Callable[[], object]], *, repeats: int, warmup: int = 1,
+                     clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
+    """Seconds of every call of each function, the calls interleaved round by round.
+
+    ``clock`` is wall time by default; ``time.process_time`` counts this process's CPU time
+    only (what a single-threaded run costs, less disturbed by other jobs on a shared CPU).
+    """
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start = clock()
             fn()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock() - start)
     return times
 
 
-def interleaved(fns: dict[str, Callable[[], object]], *, repeats: int, warmup: int = 1
-                ) -> dict[str, float]:
+def interleaved(fns: dict[str, Callable[[], object]], *, repeats: int, warmup: int = 1,
+                clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
     """Median seconds per call of each function, the calls interleaved round by round."""
-    runs = interleaved_runs(fns, repeats=repeats, warmup=warmup)
+    runs = interleaved_runs(fns, repeats=repeats, warmup=warmup, clock=clock)
     return {name: statistics.median(t) for name, t in runs.items()}
 
 

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from handformer.attention.cache import DecodingCache, cache_for
 from handformer.decoder_layer import DecoderLayer
 from handformer.hooks import HookPoint
+from handformer.layers import Dropout
 from handformer.masks import from_hf_attention_mask
 from handformer.models.causal_lm_config import CausalLMConfig
 from handformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
@@ -79,7 +80,7 @@ class CausalLM(nn.Module):
             self.pos_emb = None
         rotary = (RotaryEmbedding(c.head_dim, base=c.rotary_base)
                   if c.positional == "rotary" else None)
-        self.drop = nn.Dropout(c.dropout)
+        self.drop = Dropout(c.dropout)
         self.layers = nn.ModuleList(
             DecoderLayer(c.d_model, c.num_heads, c.d_ff, dropout=c.dropout,
                          activation=c.activation, norm_first=c.norm_first,
