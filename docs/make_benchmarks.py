@@ -334,7 +334,42 @@ def section_decode(data: dict) -> list[str]:
         out += [f"| {r['context']} | {r['linear_ms']:.2f} | {r['linear_cache_kib']:.0f} | "
                 f"{r['full_ms']:.2f} | {r['full_cache_kib']:.0f} |" for r in rows]
         out.append("")
+    out += _decode_vs_transformers(data.get("vs_transformers"))
     return out + [reproduce("bench_decode.py"), ""]
+
+
+def _decode_vs_transformers(peer: dict | None) -> list[str]:
+    """The comparison with transformers' GPT2LMHeadModel.generate (absent in old results)."""
+    if not peer or not peer.get("rows"):
+        return []
+    compiled = "handformer_compiled_ms_per_token" in peer["rows"][0]
+
+    def cell(r: dict, key: str) -> str:  # "wall (CPU)"
+        cpu = r.get(key.replace("_ms", "_cpu_ms").replace("_ratio", "_cpu_ratio"))
+        return f"{r[key]:.2f}" + (f" ({cpu:.2f})" if cpu is not None else "")
+
+    out = ["### Against transformers' `GPT2LMHeadModel.generate`", "",
+           f"The same random GPT-2 folder loaded by handformer and by transformers "
+           f"{peer.get('transformers', '')}, greedy decoding with each one's KV cache, "
+           "identical tokens asserted; ms per new token (prefill subtracted), wall-clock "
+           "median with this process's CPU time in brackets. Target: handformer / "
+           f"transformers ≤ {peer.get('target', 0.5)}.", "",
+           "| context | handformer | " + ("handformer `compile=True` | " if compiled else "")
+           + "transformers | weights' matrix-vector products alone | handformer / transformers"
+           + (" | compiled / transformers" if compiled else "") + " |",
+           "|---|---|---|---|---|" + ("---|---|" if compiled else "")]
+    for r in peer["rows"]:
+        out.append(f"| {r['context']} | {cell(r, 'handformer_ms_per_token')} | "
+                   + (f"{cell(r, 'handformer_compiled_ms_per_token')} | " if compiled else "")
+                   + f"{cell(r, 'transformers_ms_per_token')} | "
+                   + (f"{cell(r, 'matmuls_only_ms_per_token')} | "
+                      if "matmuls_only_ms_per_token" in r else "– | ")
+                   + cell(r, "handformer_ratio")
+                   + (f" | {cell(r, 'handformer_compiled_ratio')}" if compiled else "") + " |")
+    if peer.get("compile_s") is not None:
+        out += ["", f"`compile=True` compiled (Inductor) in {peer['compile_s']:.0f} s, first "
+                    "call only."]
+    return out + [""]
 
 
 def section_viz(data: dict) -> list[str]:

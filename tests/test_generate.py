@@ -178,3 +178,17 @@ def test_generate_returns_an_ordinary_tensor() -> None:
     out = make().generate(torch.zeros(1, 3, dtype=torch.long), max_new_tokens=4)
     assert not out.is_inference()
     out[0, 0] = 1
+
+
+def test_dropout_is_skipped_when_it_is_the_identity_and_drops_in_training() -> None:
+    """The layers' Dropout returns its input at once in eval mode or with p = 0 (no module
+    call on the decoding path) and is nn.Dropout otherwise."""
+    x = torch.ones(4, 1000)
+    drop = hf.layers.Dropout(0.5)
+    torch.manual_seed(0)
+    out = drop(x)
+    torch.manual_seed(0)
+    assert torch.equal(out, torch.nn.functional.dropout(x, 0.5, training=True))
+    assert 0.3 < float((out == 0).float().mean()) < 0.7
+    assert drop.eval()(x) is x and hf.layers.Dropout(0.0)(x) is x
+    assert isinstance(make().layers[0].dropout1, torch.nn.Dropout)
