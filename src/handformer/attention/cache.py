@@ -42,6 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from handformer.attention.kinds import AttentionKind, FullAttention
@@ -108,6 +109,23 @@ def _join_keep(old: Tensor | None, n_old: int, new: Tensor | None, B: int, L_new
     if new is None:
         new = torch.ones(B, L_new, dtype=torch.bool, device=device)
     return torch.cat([old, new], dim=1)  # (B, n_old + L_new)
+
+
+def _attend_held(attention: AttentionKind, q: Tensor, k: Tensor, v: Tensor,
+                 key_mask: Tensor | None, new_tokens_real: bool, *, causal: bool,
+                 need_weights: bool, dropout_p: float) -> tuple[Tensor, Tensor | None]:
+    """Attend from the new queries to the held keys with the layer's kind.
+
+    The usual decoding step of full attention (one real new token, no weights, no dropout)
+    goes straight to torch's fused kernel: its inputs come from the layer (shapes already
+    right) and the token's own key is always allowed, so neither the kind's argument checks
+    nor its guard for rows without any allowed key are needed. Same numbers.
+    """
+    if (type(attention) is FullAttention and q.shape[-2] == 1 and new_tokens_real
+            and not need_weights and dropout_p == 0.0):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask), None
+    return attention(q, k, v, causal=causal, mask=key_mask, need_weights=need_weights,
+                     dropout_p=dropout_p)
 
 
 class LayerCache:
@@ -229,8 +247,8 @@ class KVCache(LayerCache):
         self.seen += L_new
         key_mask = None if self._keep is None else self._keep[:, None, None, :]
         # key_mask: (B, 1, 1, L_k); causal is bottom-right, so the new queries sit last.
-        return attention(q, k_all, v_all, causal=L_new > 1, mask=key_mask,
-                         need_weights=need_weights, dropout_p=dropout_p)
+        return _attend_held(attention, q, k_all, v_all, key_mask, keep_new is None,
+                            causal=L_new > 1, need_weights=need_weights, dropout_p=dropout_p)
 
 
 class StaticKVCache(LayerCache):
@@ -309,8 +327,8 @@ class StaticKVCache(LayerCache):
         key_mask = (self._filled[:, None, None, :]
                     & (self._key_pos <= slots[:, None])[None, None])
         self._slot += L_new
-        return attention(q, self._k, self._v, causal=False, mask=key_mask,
-                         need_weights=need_weights, dropout_p=dropout_p)
+        return _attend_held(attention, q, self._k, self._v, key_mask, keep_new is None,
+                            causal=False, need_weights=need_weights, dropout_p=dropout_p)
 
 
 class WindowKVCache(LayerCache):

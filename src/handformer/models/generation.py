@@ -182,8 +182,11 @@ def _compiled_run(model: nn.Module, compile: bool, backend: str, use_cache: bool
                          f"a fixed shape), not attention={kind!r}; use compile=False")
     key = (type(model), backend)
     if key not in _COMPILED:
+        # Inductor's C++ wrapper calls the step's ~70 kernels from C++ rather than Python
+        # (a quarter of a millisecond less per step of a 4-layer model; longer to compile).
+        options = {"cpp_wrapper": True} if backend == "inductor" else None
         _COMPILED[key] = torch.compile(type(model).run, backend=backend, fullgraph=True,
-                                       dynamic=False)
+                                       dynamic=False, options=options)
     compiled = _COMPILED[key]
     calls = 0
 
