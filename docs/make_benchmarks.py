@@ -366,9 +366,10 @@ def _decode_vs_transformers(peer: dict | None) -> list[str]:
                       if "matmuls_only_ms_per_token" in r else "– | ")
                    + cell(r, "handformer_ratio")
                    + (f" | {cell(r, 'handformer_compiled_ratio')}" if compiled else "") + " |")
-    if peer.get("compile_s") is not None:
-        out += ["", f"`compile=True` compiled (Inductor) in {peer['compile_s']:.0f} s, first "
-                    "call only."]
+    first = peer.get("compile_s")
+    if isinstance(first, dict) and first:
+        out += ["", "`compile=True`: the first call, which compiles (Inductor, cold cache), took "
+                + ", ".join(f"{v:.0f} s (context {k})" for k, v in first.items()) + "."]
     return out + [""]
 
 
