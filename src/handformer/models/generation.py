@@ -185,8 +185,11 @@ def _compiled_run(model: nn.Module, compile: bool, backend: str, use_cache: bool
         # Inductor's C++ wrapper calls the step's ~70 kernels from C++ rather than Python
         # (a quarter of a millisecond less per step of a 4-layer model; longer to compile).
         options = {"cpp_wrapper": True} if backend == "inductor" else None
+        # dynamic=None: the first graph has fixed sizes; a second batch or cache size makes
+        # torch.compile build one with symbolic sizes that serves all later ones (instead of
+        # one graph per size, up to its recompile limit).
         _COMPILED[key] = torch.compile(type(model).run, backend=backend, fullgraph=True,
-                                       dynamic=False, options=options)
+                                       options=options)
     compiled = _COMPILED[key]
     calls = 0
 
