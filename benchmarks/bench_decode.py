@@ -47,7 +47,7 @@ CONTEXTS = [32, 64] if QUICK else [1024, 2048, 4096, 8192, 16384]
 STEPS = 3 if QUICK else 16  # decode steps timed per measurement
 HF_CONTEXTS = (16, 64) if QUICK else (128, 1024)  # the comparison with transformers
 HF_NEW = 8 if QUICK else 128  # tokens generated after each context
-HF_REPEATS = 1 if QUICK else 5
+HF_REPEATS = 1 if QUICK else 7
 # torch.compile with Inductor: its C++ build of the decode step takes about a minute on a
 # 2-core machine; HANDFORMER_BENCH_COMPILE=0 leaves the compiled column out.
 HF_COMPILE = os.environ.get("HANDFORMER_BENCH_COMPILE", "0" if QUICK else "1") == "1"
