@@ -24,3 +24,8 @@ def test_bench_decode_quick_mode_writes_results(tmp_path: Path) -> None:
     assert [r["context"] for r in data["long_contexts"]] == [32, 64]
     assert data["linear_memory_max_over_min"] == 1.0  # the linear state does not grow
     assert data["long_contexts"][1]["full_cache_kib"] > data["long_contexts"][0]["full_cache_kib"]
+    # the comparison with transformers' generate ran, on identical greedy tokens
+    peer = data["vs_transformers"]["rows"]
+    assert [r["context"] for r in peer] == [16, 64]
+    assert all(r["identical_tokens"] and r["transformers_ms_per_token"] > 0 for r in peer)
+    assert "vs transformers, context 64" in done.stdout
