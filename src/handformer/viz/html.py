@@ -10,6 +10,7 @@ Shape letters: ``N`` layers, ``H`` heads, ``L_q`` queries, ``L_k`` keys.
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import json
 import os
@@ -23,7 +24,7 @@ import numpy as np
 from handformer.viz.data import as_attention_array, as_pattern, check_tokens, encode_weights
 from handformer.viz.files import write_atomic
 
-__all__ = ["render_html", "save_html", "describe_pattern"]
+__all__ = ["render_html", "save_html", "describe_pattern", "viewer_payload", "viewer_page"]
 
 _PLACEHOLDER = re.compile(r"__HF_(TITLE|CSS|JS|DATA)__")
 
@@ -44,6 +45,7 @@ def _json_for_script(payload: dict[str, object]) -> str:
     return text
 
 
+@functools.lru_cache(maxsize=8)
 def _colormap_bytes(cmap: str) -> str:
     import matplotlib
 
@@ -64,15 +66,15 @@ def describe_pattern(allowed: np.ndarray, kind: str | None = None) -> str:
     return text + "."
 
 
-def render_html(attentions: object, tokens: Sequence[str], *, title: str | None = None,
-                pattern: object = None, pattern_label: str | None = None,
-                key_tokens: Sequence[str] | None = None, note: str | None = None,
-                layer: int = 0, head: int = 0, view: str = "heat",
-                cmap: str = "viridis") -> str:
-    """Build the viewer page as a string (see :func:`save_html` for the arguments).
+def viewer_payload(attentions: object, tokens: Sequence[str], *, pattern: object = None,
+                   pattern_label: str | None = None, key_tokens: Sequence[str] | None = None,
+                   note: str | None = None, layer: int = 0, head: int = 0,
+                   view: str = "heat", cmap: str = "viridis") -> dict[str, object]:
+    """The data the viewer draws, as a JSON-ready dict (see :func:`save_html` for the
+    arguments): what a page passes to ``window.hfViewer.render(data)``.
 
     Returns:
-        The complete HTML document.
+        A dict of plain JSON values (tokens, sizes, 8-bit weights as base64, pattern bits).
 
     Raises:
         ValueError, TypeError: for inputs that do not fit together (see the messages).
@@ -102,6 +104,34 @@ def render_html(attentions: object, tokens: Sequence[str], *, title: str | None 
             "bits": base64.b64encode(bits.tobytes()).decode("ascii"),
             "label": describe_pattern(allowed, pattern_label),
         }
+    return payload
+
+
+def render_html(attentions: object, tokens: Sequence[str], *, title: str | None = None,
+                pattern: object = None, pattern_label: str | None = None,
+                key_tokens: Sequence[str] | None = None, note: str | None = None,
+                layer: int = 0, head: int = 0, view: str = "heat",
+                cmap: str = "viridis") -> str:
+    """Build the viewer page as a string (see :func:`save_html` for the arguments).
+
+    Returns:
+        The complete HTML document.
+
+    Raises:
+        ValueError, TypeError: for inputs that do not fit together (see the messages).
+    """
+    payload = viewer_payload(attentions, tokens, pattern=pattern, pattern_label=pattern_label,
+                             key_tokens=key_tokens, note=note, layer=layer, head=head,
+                             view=view, cmap=cmap)
+    return viewer_page(payload, title=title)
+
+
+def viewer_page(payload: dict[str, object], *, title: str | None = None) -> str:
+    """The viewer page around data from :func:`viewer_payload` (styles and script inlined).
+
+    Returns:
+        The complete HTML document.
+    """
     title = title or "Attention"
     parts = {"TITLE": html.escape(title), "CSS": _asset("viewer.css"),
              "JS": _asset("viewer.js"), "DATA": _json_for_script(payload)}
