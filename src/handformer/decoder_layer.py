@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from torch import Tensor, nn
 
 from handformer.attention.kinds import AttentionKind
+from handformer.hooks import HookPoint
 from handformer.layers import FeedForward, MultiHeadAttention, attention_dropout
 
 if TYPE_CHECKING:
@@ -44,6 +45,11 @@ class DecoderLayer(nn.Module):
         attention: the self-attention kind (default full); cross-attention is always full.
         cross_attention: include the cross-attention block (False for decoder-only models).
         rotary: optional :class:`handformer.RotaryEmbedding` for the self-attention.
+
+    Hook points, all ``(B, L, E)``: ``hook_resid_pre``, ``hook_attn_out``,
+    ``hook_resid_mid``, with cross-attention ``hook_cross_attn_out`` and
+    ``hook_resid_mid_cross``, then ``hook_mlp_out`` and ``hook_resid_post`` (as in
+    :class:`~handformer.EncoderLayer`).
 
     Raises:
         ValueError / TypeError: as :class:`MultiHeadAttention` and :class:`FeedForward`.
@@ -71,6 +77,11 @@ class DecoderLayer(nn.Module):
         self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
         self.norm3 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
         self.dropout3 = nn.Dropout(dropout)
+        self.hook_resid_pre, self.hook_resid_mid = HookPoint(), HookPoint()
+        self.hook_resid_post = HookPoint()
+        self.hook_attn_out, self.hook_mlp_out = HookPoint(), HookPoint()
+        if cross_attention:
+            self.hook_cross_attn_out, self.hook_resid_mid_cross = HookPoint(), HookPoint()
 
     def forward(self, x: Tensor, memory: Tensor | None = None, *, mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, causal: bool = True) -> Tensor:
@@ -115,24 +126,25 @@ class DecoderLayer(nn.Module):
         def self_block(h: Tensor) -> tuple[Tensor, Tensor | None]:
             out, w = self.self_attn(h, mask=mask, causal=causal, need_weights=need_weights,
                                     cache=cache, positions=positions)
-            return self.dropout1(out), w
+            return self.hook_attn_out(self.dropout1(out)), w
 
         def cross_block(h: Tensor) -> tuple[Tensor, Tensor | None]:
             out, w = self.cross_attn(h, memory, mask=memory_mask, need_weights=need_weights)
-            return self.dropout2(out), w
+            return self.hook_cross_attn_out(self.dropout2(out)), w
 
+        x = self.hook_resid_pre(x)
         if self.norm_first:
             attn, self_weights = self_block(self.norm1(x))
-            x = x + attn
+            x = self.hook_resid_mid(x + attn)
             if self.cross_attn is not None:
                 attn, cross_weights = cross_block(self.norm2(x))
-                x = x + attn
-            x = x + self.dropout3(self.ff(self.norm3(x)))
+                x = self.hook_resid_mid_cross(x + attn)
+            x = x + self.hook_mlp_out(self.dropout3(self.ff(self.norm3(x))))
         else:
             attn, self_weights = self_block(x)
-            x = self.norm1(x + attn)
+            x = self.hook_resid_mid(self.norm1(x + attn))
             if self.cross_attn is not None:
                 attn, cross_weights = cross_block(x)
-                x = self.norm2(x + attn)
-            x = self.norm3(x + self.dropout3(self.ff(x)))
-        return x, self_weights, cross_weights
+                x = self.hook_resid_mid_cross(self.norm2(x + attn))
+            x = self.norm3(x + self.hook_mlp_out(self.dropout3(self.ff(x))))
+        return self.hook_resid_post(x), self_weights, cross_weights

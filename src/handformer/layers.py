@@ -15,10 +15,12 @@ import copy
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handformer.attention.kinds import AttentionKind, FullAttention
+from handformer.hooks import HookError, HookPoint
 
 if TYPE_CHECKING:
     from handformer.attention.cache import LayerCache
@@ -71,6 +73,14 @@ class MultiHeadAttention(nn.Module):
             head split (``handformer.RotaryEmbedding(head_dim)``), called as
             ``rotary(q, k, positions)``.
 
+    Hook points (:mod:`handformer.inspect`): ``hook_q``, ``hook_k``, ``hook_v``
+    ``(B, H, L, D)`` after the projections (``hook_rot_q``, ``hook_rot_k`` after the rotary
+    embedding, when there is one), ``hook_attn_scores`` and ``hook_pattern``
+    ``(B, H, L_q, L_k)`` and ``hook_z`` ``(B, L_q, H, D)``, the per-head outputs before
+    ``out_proj``. While a hook listens to the scores or the pattern, the layer attends by the
+    explicit path ``normalize(scores) @ v`` (the same numbers up to rounding), so that a
+    replaced pattern is the one applied.
+
     Raises:
         ValueError: for ``num_heads <= 0``, ``d_model % num_heads != 0``, or dropout outside
             [0, 1).
@@ -106,16 +116,16 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(self.vdim, d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self.rotary = rotary
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        if rotary is not None:
+            self.hook_rot_q, self.hook_rot_k = HookPoint(), HookPoint()
+        self.hook_attn_scores, self.hook_pattern = HookPoint(), HookPoint()
+        self.hook_z = HookPoint()
 
     def split_heads(self, x: Tensor) -> Tensor:
         """``(B, L, E)`` -> ``(B, H, L, D)``."""
         B, L, _ = x.shape
         return x.view(B, L, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, L, D)
-
-    def merge_heads(self, x: Tensor) -> Tensor:
-        """``(B, H, L, D)`` -> ``(B, L, E)`` (the transpose back the seed warns about)."""
-        B, H, L, D = x.shape
-        return x.transpose(1, 2).reshape(B, L, H * D)  # (B, L, E)
 
     def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None, *,
                 mask: Tensor | None = None, causal: bool = False,
@@ -148,21 +158,59 @@ class MultiHeadAttention(nn.Module):
         key = query if key is None else key
         value = key if value is None else value
         self._check_inputs(query, key, value)
-        q = self.split_heads(self.q_proj(query))  # (B, H, L_q, D)
-        k = self.split_heads(self.k_proj(key))  # (B, H, L_k, D)
-        v = self.split_heads(self.v_proj(value))  # (B, H, L_k, D)
+        q = self.hook_q(self.split_heads(self.q_proj(query)))  # (B, H, L_q, D)
+        k = self.hook_k(self.split_heads(self.k_proj(key)))  # (B, H, L_k, D)
+        v = self.hook_v(self.split_heads(self.v_proj(value)))  # (B, H, L_k, D)
         if self.rotary is not None:
             q, k = self.rotary(q, k, positions, offset=0 if cache is None else cache.seen)
+            q, k = self.hook_rot_q(q), self.hook_rot_k(k)
         dropout_p = self.dropout if self.training else 0.0
+        explicit = self.hook_attn_scores.listening() or self.hook_pattern.listening()
         if cache is not None:
             out, weights = cache.attend(self.attention, q, k, v, causal=causal, mask=mask,
-                                        need_weights=need_weights, dropout_p=dropout_p)
+                                        need_weights=need_weights or explicit,
+                                        dropout_p=dropout_p)
+            if explicit:
+                weights = self._look_at_cached_pattern(weights, need_weights)
+        elif explicit:
+            out, weights = self._attend_explicit(q, k, v, mask, causal, dropout_p)
+            weights = weights if need_weights else None
         else:
             out, weights = self.attention(q, k, v, causal=causal, mask=mask,
                                           need_weights=need_weights, dropout_p=dropout_p)
-        return self.out_proj(self.merge_heads(out)), weights  # (B, L_q, E)
+        # Heads back to the feature dim (the transpose the seed warns about forgetting).
+        z = self.hook_z(out.transpose(1, 2))  # (B, L_q, H, D)
+        return self.out_proj(z.flatten(2)), weights  # (B, L_q, E)
+
+    def _attend_explicit(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+                         causal: bool, dropout_p: float) -> tuple[Tensor, Tensor]:
+        """``normalize(scores) @ v`` with the scores and the pattern passed through hooks."""
+        scores = self.hook_attn_scores(
+            self.attention.scores(q, k, causal=causal, mask=mask))  # (B, H, L_q, L_k)
+        pattern = self.hook_pattern(self.attention.normalize(scores))  # (B, H, L_q, L_k)
+        dropped = F.dropout(pattern, p=dropout_p) if dropout_p > 0.0 else pattern
+        out = torch.matmul(dropped, v.to(pattern.dtype)).to(v.dtype)  # (B, H, L_q, D)
+        return out, pattern.to(q.dtype)
+
+    def _look_at_cached_pattern(self, weights: Tensor, need_weights: bool) -> Tensor | None:
+        """With a decoding cache, hooks may read the pattern (over the cached keys) only."""
+        if self.hook_attn_scores.listening():
+            raise HookError("hook_attn_scores is not available while decoding with a cache; "
+                            "run the model without a cache to read or replace the scores")
+        seen = self.hook_pattern(weights)
+        if seen is not weights:
+            raise HookError("hook_pattern may not replace the pattern while decoding with a "
+                            "cache; run the model without a cache to patch it")
+        return weights if need_weights else None
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
+        dtype = self.q_proj.weight.dtype
+        if query.dtype != dtype:
+            raise TypeError(
+                f"query has dtype {query.dtype} but MultiHeadAttention's weights are {dtype}: "
+                f"cast the input (x.to({dtype})) or the module (module.to({query.dtype}), "
+                "e.g. .half() for float16)"
+            )
         for name, t, dim in (("query", query, self.d_model), ("key", key, self.kdim),
                              ("value", value, self.vdim)):
             if t.dim() != 3 or t.shape[-1] != dim:
@@ -212,10 +260,13 @@ class FeedForward(nn.Module):
         self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
         self.dropout = nn.Dropout(check_dropout("dropout", dropout))
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.hook_pre, self.hook_post = HookPoint(), HookPoint()
 
     def forward(self, x: Tensor) -> Tensor:
-        """``(B, L, E)`` -> ``(B, L, E)``."""
-        return self.linear2(self.dropout(self.activation(self.linear1(x))))
+        """``(B, L, E)`` -> ``(B, L, E)``; hook points ``hook_pre`` / ``hook_post``
+        ``(B, L, d_ff)`` before and after the activation."""
+        h = self.hook_pre(self.linear1(x))  # (B, L, d_ff)
+        return self.linear2(self.dropout(self.hook_post(self.activation(h))))
 
 
 class EncoderLayer(nn.Module):
@@ -237,6 +288,11 @@ class EncoderLayer(nn.Module):
         bias: biases in the linear layers and LayerNorms.
         attention: the attention kind (default full).
 
+    Hook points: ``hook_resid_pre`` (the layer's input), ``hook_attn_out`` (the attention
+    sublayer's output, as added to the residual), ``hook_resid_mid`` (the residual after
+    it: after ``norm1`` when post-LN), ``hook_mlp_out`` and ``hook_resid_post`` (the
+    layer's output), all ``(B, L, E)``.
+
     Raises:
         ValueError / TypeError: as :class:`MultiHeadAttention` and :class:`FeedForward`.
     """
@@ -256,6 +312,9 @@ class EncoderLayer(nn.Module):
         self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
         self.dropout1 = nn.Dropout(dropout)
         self.dropout2 = nn.Dropout(dropout)
+        self.hook_resid_pre, self.hook_resid_mid = HookPoint(), HookPoint()
+        self.hook_resid_post = HookPoint()
+        self.hook_attn_out, self.hook_mlp_out = HookPoint(), HookPoint()
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, causal: bool = False) -> Tensor:
         """``(B, L, E)`` -> ``(B, L, E)``. ``mask`` broadcasts to ``(B, H, L, L)``."""
@@ -265,17 +324,18 @@ class EncoderLayer(nn.Module):
                              causal: bool = False, need_weights: bool = True
                              ) -> tuple[Tensor, Tensor | None]:
         """Like :meth:`forward`, also returning the per-head weights ``(B, H, L, L)``."""
+        x = self.hook_resid_pre(x)
         if self.norm_first:
             attn, weights = self.self_attn(self.norm1(x), mask=mask, causal=causal,
                                            need_weights=need_weights)
-            x = x + self.dropout1(attn)
-            x = x + self.dropout2(self.ff(self.norm2(x)))
+            x = self.hook_resid_mid(x + self.hook_attn_out(self.dropout1(attn)))
+            x = x + self.hook_mlp_out(self.dropout2(self.ff(self.norm2(x))))
         else:
             attn, weights = self.self_attn(x, mask=mask, causal=causal,
                                            need_weights=need_weights)
-            x = self.norm1(x + self.dropout1(attn))
-            x = self.norm2(x + self.dropout2(self.ff(x)))
-        return x, weights
+            x = self.hook_resid_mid(self.norm1(x + self.hook_attn_out(self.dropout1(attn))))
+            x = self.norm2(x + self.hook_mlp_out(self.dropout2(self.ff(x))))
+        return self.hook_resid_post(x), weights
 
 
 def stack_norm(first: nn.Module, final_norm: bool | nn.Module) -> nn.Module | None:

@@ -25,7 +25,8 @@ from torch import Tensor
 
 from handformer.masks import causal_mask, check_mask
 
-__all__ = ["scaled_dot_product_attention", "check_qkv", "combine_masks"]
+__all__ = ["scaled_dot_product_attention", "check_qkv", "combine_masks", "masked_scores",
+           "masked_softmax"]
 
 
 def check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
@@ -91,6 +92,57 @@ def _empty_rows(mask: Tensor) -> Tensor:
     if mask.dtype == torch.bool:
         return ~mask.any(dim=-1, keepdim=True)
     return torch.isneginf(mask).all(dim=-1, keepdim=True)
+
+
+def masked_scores(q: Tensor, k: Tensor, mask: Tensor | None, *, causal: bool = False,
+                  allowed: Tensor | None = None, scale: float | None = None) -> Tensor:
+    """The pre-softmax scores ``q k^T * scale + bias``, ``-inf`` where a key is not allowed.
+
+    Computed in float32 for float16/bfloat16 inputs (as the softmax after it).
+
+    Args:
+        q: ``(..., L_q, D)``; k: ``(..., L_k, D)``.
+        mask: bool (True = may attend) or float bias, broadcastable to ``(..., L_q, L_k)``.
+        causal: block keys after each query's position (bottom-right aligned).
+        allowed: an attention kind's boolean ``(L_q, L_k)`` pattern (None = every key).
+        scale: defaults to ``1 / sqrt(D)``.
+
+    Returns:
+        ``(..., L_q, L_k)`` scores; rows with no allowed key are all ``-inf``.
+    """
+    L_q, L_k = q.shape[-2], k.shape[-2]
+    if mask is not None:
+        check_mask(mask, (*q.shape[:-2], L_q, L_k))
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    scores = torch.matmul(q.to(compute), k.to(compute).transpose(-2, -1)) * scale
+    # scores: (..., L_q, L_k)
+    combined = combine_masks(mask, causal, L_q, L_k, q.device)
+    if allowed is not None:
+        allowed = allowed.to(q.device)
+        if combined is None or combined.dtype == torch.bool:
+            combined = allowed if combined is None else combined & allowed
+        else:
+            combined = combined.masked_fill(~allowed, float("-inf"))
+    if combined is None:
+        return scores
+    if combined.dtype == torch.bool:
+        return scores.masked_fill(~combined, float("-inf"))
+    return scores + combined.to(compute)
+
+
+def masked_softmax(scores: Tensor) -> Tensor:
+    """Softmax over the last dim where rows that are all ``-inf`` (no allowed key) give 0.
+
+    Args:
+        scores: ``(..., L_q, L_k)`` from :func:`masked_scores`.
+
+    Returns:
+        The attention weights, same shape and dtype.
+    """
+    empty = torch.isneginf(scores).all(dim=-1, keepdim=True)  # (..., L_q, 1)
+    return torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
 
 
 def scaled_dot_product_attention(

@@ -14,7 +14,11 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from handformer.attention.functional import scaled_dot_product_attention
+from handformer.attention.functional import (
+    masked_scores,
+    masked_softmax,
+    scaled_dot_product_attention,
+)
 from handformer.masks import causal_mask
 
 __all__ = ["AttentionKind", "FullAttention"]
@@ -38,6 +42,25 @@ class AttentionKind(nn.Module):
     def pattern(self, L_q: int, L_k: int, *, causal: bool = False) -> Tensor | None:
         """Boolean ``(L_q, L_k)`` pattern of allowed keys, or None when every key is allowed."""
         return None
+
+    # The explicit path: what MultiHeadAttention runs when a hook reads or replaces the
+    # scores or the pattern. ``normalize(scores(q, k)) @ v`` is the kind's output, and
+    # ``normalize(scores(q, k))`` is the matrix ``need_weights=True`` returns.
+
+    def scores(self, q: Tensor, k: Tensor, *, causal: bool = False,
+               mask: Tensor | None = None, scale: float | None = None) -> Tensor:
+        """Dense pre-normalisation scores ``(..., L_q, L_k)``.
+
+        For softmax kinds: ``q k^T * scale`` plus a float mask, ``-inf`` outside the kind's
+        pattern and where a bool mask is False.
+        """
+        L_q, L_k = q.shape[-2], k.shape[-2]
+        return masked_scores(q, k, mask, allowed=self.pattern(L_q, L_k, causal=causal),
+                             scale=scale)
+
+    def normalize(self, scores: Tensor) -> Tensor:
+        """Scores -> attention weights (softmax; rows with no allowed key are 0)."""
+        return masked_softmax(scores)
 
 
 class FullAttention(AttentionKind):

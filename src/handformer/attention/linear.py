@@ -339,6 +339,27 @@ class LinearAttention(AttentionKind):
         """``causal_mask(L_q, L_k)`` when causal, else None (every key)."""
         return causal_mask(L_q, L_k) if causal else None
 
+    def scores(self, q: Tensor, k: Tensor, *, causal: bool = False,
+               mask: Tensor | None = None, scale: float | None = None) -> Tensor:
+        """The dense kernel matrix ``phi(q_i) . phi(k_j)`` ``(..., L_q, L_k)`` (float32, or
+        float64 for float64 inputs), 0 for keys a mask or ``causal`` removes. ``scale`` is
+        unused (the kernel has none)."""
+        L_q, L_k = q.shape[-2], k.shape[-2]
+        phi = feature_map_fn(self.feature_map)
+        acc = _acc_dtype(q.dtype)
+        keep = _key_weights(mask, (*q.shape[:-2], L_q, L_k), acc)  # (..., L_k, 1) or None
+        fk = phi(k.to(acc))  # (..., L_k, D)
+        if keep is not None:
+            fk = fk * keep
+        kernel = torch.matmul(phi(q.to(acc)), fk.transpose(-2, -1))  # (..., L_q, L_k)
+        if causal:
+            kernel = kernel.masked_fill(~causal_mask(L_q, L_k, device=q.device), 0.0)
+        return kernel
+
+    def normalize(self, scores: Tensor) -> Tensor:
+        """Kernel -> weights: each row divided by its sum (plus ``eps``)."""
+        return scores / (scores.sum(dim=-1, keepdim=True) + self.eps)
+
     def extra_repr(self) -> str:
         name = self.feature_map if isinstance(self.feature_map, str) else "<callable>"
         return f"feature_map={name!r}, eps={self.eps}"

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from handformer.attention.cache import DecodingCache, cache_for
 from handformer.decoder_layer import DecoderLayer
+from handformer.hooks import HookPoint
 from handformer.masks import from_hf_attention_mask
 from handformer.models.causal_lm_config import CausalLMConfig
 from handformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
@@ -86,6 +87,11 @@ class CausalLM(nn.Module):
         )
         self.norm = (nn.LayerNorm(c.d_model, eps=c.layer_norm_eps, bias=c.bias)
                      if c.norm_first else None)
+        self.hook_embed = HookPoint()  # token embeddings (B, L, E)
+        if c.positional in ("learned", "sinusoidal"):
+            self.hook_pos_embed = HookPoint()  # position embeddings (B, L, E)
+        if self.norm is not None:  # hook point ln_final.hook_normalized
+            self.hook_final_norm = HookPoint()
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.apply(_init_weights)
         if c.tie_weights:
@@ -135,11 +141,11 @@ class CausalLM(nn.Module):
         else:
             positions = (start[:, None] + keep.long().cumsum(1) - 1).clamp(min=0)  # (B, L)
 
-        x = self.tok_emb(input_ids)  # (B, L, E)
+        x = self.hook_embed(self.tok_emb(input_ids))  # (B, L, E)
         if isinstance(self.pos_emb, LearnedPositionalEmbedding):
-            x = x + self.pos_emb.weight[positions]
+            x = x + self.hook_pos_embed(self.pos_emb.weight[positions])  # (B, L, E)
         elif isinstance(self.pos_emb, SinusoidalPositionalEncoding):
-            x = x + self.pos_emb.pe[positions].to(x.dtype)
+            x = x + self.hook_pos_embed(self.pos_emb.pe[positions].to(x.dtype))  # (B, L, E)
         x = self.drop(x)
         mask = None if keep is None else keep[:, None, None, :]  # (B, 1, 1, L)
         attentions = []
@@ -150,7 +156,7 @@ class CausalLM(nn.Module):
             )
             attentions.append(weights)
         if self.norm is not None:
-            x = self.norm(x)
+            x = self.hook_final_norm(self.norm(x))
         logits = self.lm_head(x)  # (B, L, V)
         if cache is not None:
             cache.seen = past + L

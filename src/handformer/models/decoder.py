@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from handformer.decoder_layer import DecoderLayer
+from handformer.hooks import HookPoint
 from handformer.layers import clones, stack_norm
 
 __all__ = ["Decoder", "DecoderOutput"]
@@ -52,6 +53,8 @@ class Decoder(nn.Module):
         super().__init__()
         self.layers = clones(layer, num_layers)
         self.norm = stack_norm(self.layers[0], final_norm)
+        if self.norm is not None:  # hook point ln_final.hook_normalized
+            self.hook_final_norm = HookPoint()
 
     def forward(self, x: Tensor, memory: Tensor | None = None, *, mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, causal: bool = True,
@@ -78,7 +81,7 @@ class Decoder(nn.Module):
             self_w.append(sw)
             cross_w.append(cw)
         if self.norm is not None:
-            x = self.norm(x)
+            x = self.hook_final_norm(self.norm(x))
         if not need_weights:
             return DecoderOutput(x)
         return DecoderOutput(x, tuple(self_w),

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
+from handformer.hooks import HookPoint
 from handformer.layers import EncoderLayer, clones, stack_norm
 
 __all__ = ["Encoder", "EncoderOutput"]
@@ -48,6 +49,8 @@ class Encoder(nn.Module):
         super().__init__()
         self.layers = clones(layer, num_layers)
         self.norm = stack_norm(self.layers[0], final_norm)
+        if self.norm is not None:  # hook point ln_final.hook_normalized
+            self.hook_final_norm = HookPoint()
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, causal: bool = False,
                 need_weights: bool = False) -> EncoderOutput:
@@ -68,5 +71,5 @@ class Encoder(nn.Module):
                                                     need_weights=need_weights)
             attentions.append(weights)
         if self.norm is not None:
-            x = self.norm(x)
+            x = self.hook_final_norm(self.norm(x))
         return EncoderOutput(x, tuple(attentions) if need_weights else None)

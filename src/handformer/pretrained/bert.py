@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from handformer.attention.kinds import AttentionKind
+from handformer.hooks import HookPoint
 from handformer.layers import EncoderLayer, check_attention, check_dropout, check_positive_int
 from handformer.masks import from_hf_attention_mask
 from handformer.models.encoder import Encoder
@@ -133,7 +134,11 @@ def _embedding(num: int, dim: int, padding_idx: int | None = None) -> nn.Embeddi
 
 
 class BertEmbeddings(nn.Module):
-    """``LayerNorm(word + position + token_type)`` followed by dropout."""
+    """``LayerNorm(word + position + token_type)`` followed by dropout.
+
+    Hook points ``hook_embed``, ``hook_pos_embed``, ``hook_token_type_embed``: the three
+    embeddings before they are summed, each ``(B, L, E)``.
+    """
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
@@ -143,13 +148,17 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = _embedding(config.type_vocab_size, E)
         self.norm = nn.LayerNorm(E, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.hook_embed, self.hook_pos_embed = HookPoint(), HookPoint()
+        self.hook_token_type_embed = HookPoint()
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
         """``(B, L)`` ids and types -> ``(B, L, E)``."""
-        L = input_ids.shape[1]
+        B, L = input_ids.shape
         positions = torch.arange(L, device=input_ids.device)  # (L,)
-        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
-        x = x + self.position_embeddings(positions)  # (B, L, E) + (L, E)
+        x = (self.hook_embed(self.word_embeddings(input_ids))
+             + self.hook_token_type_embed(self.token_type_embeddings(token_type_ids)))
+        pos = self.position_embeddings(positions).expand(B, L, -1)  # (B, L, E), no copy
+        x = x + self.hook_pos_embed(pos)
         return self.dropout(self.norm(x))
 
 

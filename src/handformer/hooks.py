@@ -1,0 +1,102 @@
+"""Hook points: named pass-throughs inside every module, that a hook may read or replace.
+
+Every model's forward passes its intermediate tensors through :class:`HookPoint` modules
+(``self.hook_q(q)``, ``self.hook_resid_post(x)``, ...). With no hook listening a hook point
+returns its input unchanged, at the cost of one context-variable lookup. Hooks are
+registered for the length of a ``with`` block by :func:`active_hooks` (used by
+:mod:`handformer.inspect`); they live in a :class:`contextvars.ContextVar`, so they belong to
+the thread or asyncio task that registered them: two threads (or two requests of a server)
+running the same model with different hooks never see each other's.
+
+A hook is ``fn(tensor, name) -> Tensor | None``: it returns None to only look, or a tensor
+of the same shape and dtype to replace the value the model goes on with.
+
+This module is at the bottom of the package: it imports nothing from handformer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["HookPoint", "HookFn", "active_hooks", "HookError"]
+
+HookFn = Callable[[Tensor, str], "Tensor | None"]
+Registry = Mapping["HookPoint", tuple[tuple[str, HookFn], ...]]
+
+_ACTIVE: ContextVar[Registry | None] = ContextVar("handformer_hooks", default=None)
+
+
+class HookError(ValueError):
+    """A hook returned something the model cannot go on with (wrong type, shape or dtype)."""
+
+
+class HookPoint(nn.Module):
+    """A named point in a forward pass: returns its input, unless a hook listens.
+
+    It has no parameters and no state; the hooks that listen are looked up in the current
+    context (see :func:`active_hooks`). Inside ``torch.compile`` hook points are plain
+    pass-throughs.
+    """
+
+    def __call__(self, x: Tensor) -> Tensor:  # cheaper than nn.Module.__call__: no hooks dicts
+        if torch.compiler.is_compiling():
+            return x
+        active = _ACTIVE.get()
+        if active is None:
+            return x
+        fns = active.get(self)
+        if not fns:
+            return x
+        for name, fn in fns:
+            x = _apply(fn, x, name)
+        return x
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Identity (what ``__call__`` computes when no hook listens)."""
+        return x
+
+    def listening(self) -> bool:
+        """True when a hook is registered on this point in the current context."""
+        if torch.compiler.is_compiling():
+            return False
+        active = _ACTIVE.get()
+        return active is not None and bool(active.get(self))
+
+
+def _apply(fn: HookFn, x: Tensor, name: str) -> Tensor:
+    """Run one hook; check that a replacement has the shape and dtype of the original."""
+    new = fn(x, name)
+    if new is None:
+        return x
+    if not isinstance(new, Tensor):
+        raise HookError(f"hook on {name!r} returned {type(new).__name__}; return a Tensor "
+                        "(a replacement) or None (to leave the value as it is)")
+    if new.shape != x.shape or new.dtype != x.dtype:
+        raise HookError(f"hook on {name!r} returned shape {tuple(new.shape)} {new.dtype}, "
+                        f"but the model's value there is {tuple(x.shape)} {x.dtype}; a "
+                        "replacement must have the same shape and dtype")
+    return new
+
+
+@contextmanager
+def active_hooks(hooks: Mapping[HookPoint, tuple[tuple[str, HookFn], ...]]) -> Iterator[None]:
+    """Register hooks for the ``with`` block, in this thread / task only.
+
+    Args:
+        hooks: hook point -> ``((name, fn), ...)``, the functions run in order. Hooks already
+            active (an enclosing block) keep running, before these.
+    """
+    outer = _ACTIVE.get()
+    merged: dict[HookPoint, tuple[tuple[str, HookFn], ...]] = dict(outer or {})
+    for point, fns in hooks.items():
+        merged[point] = merged.get(point, ()) + tuple(fns)
+    token = _ACTIVE.set(merged)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)

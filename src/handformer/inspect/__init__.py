@@ -1,0 +1,42 @@
+"""Look inside a model: hook points, activation cache, ablation and patching.
+
+Every handformer model passes its intermediate tensors through named hook points
+(TransformerLens names: ``blocks.{i}.attn.hook_pattern``, ``blocks.{i}.hook_resid_post``, ...;
+:func:`hook_names` lists them). :func:`run_with_cache` keeps them, :func:`run_with_hooks` and
+:func:`hooks` read or replace them, :mod:`~handformer.inspect.ablation` sweeps heads.
+This package stands on the models and knows nothing of pictures (:mod:`handformer.viz`
+draws what it computes).
+"""
+
+from handformer.hooks import HookError, HookPoint
+from handformer.inspect.ablation import (
+    head_ablation_hooks,
+    head_ablation_sweep,
+    head_means,
+    patching_sweep,
+)
+from handformer.inspect.points import attention_layers, hook_names, hook_points
+from handformer.inspect.run import (
+    ActivationCache,
+    hooks,
+    run_with_cache,
+    run_with_hooks,
+    short_name,
+)
+
+__all__ = [
+    "HookError",
+    "HookPoint",
+    "hook_names",
+    "hook_points",
+    "attention_layers",
+    "hooks",
+    "run_with_hooks",
+    "run_with_cache",
+    "ActivationCache",
+    "short_name",
+    "head_ablation_hooks",
+    "head_ablation_sweep",
+    "head_means",
+    "patching_sweep",
+]
