@@ -3,7 +3,10 @@
 A :class:`Generation` is advanced by :meth:`Generation.step` calls; the app runs each call in a
 worker thread and sends its event as one JSON line as soon as it is ready. Every step is a
 complete forward pass inside its own hook context (ablation) on the request's own model view
-and decoding cache, so nothing is shared with other requests.
+and decoding cache, so nothing is shared with other requests. Full and strided attention decode
+with the KV cache (it holds every key, so the weights cover the whole text); local and linear
+attention rerun the whole text each step, because their caches keep no per-key weights
+(a rolling window, a running sum).
 
 Shape letters: ``N`` layers, ``H`` heads, ``L`` tokens so far, ``V`` vocabulary.
 """
@@ -45,8 +48,8 @@ class Generation:
         self.sample = any(v is not None for v in (req.temperature, req.top_k, req.top_p))
         self.generator = torch.Generator().manual_seed(req.seed)
         self.eos = getattr(state.tokenizer, "eos_token_id", None)
-        self.cache = self.model.new_cache()
-        self.pending: Tensor = ids  # tokens the model has not read yet, (1, T)
+        self.cache = self.model.new_cache() if req.attention.kind in ("full", "strided") else None
+        self.pending: Tensor = ids  # what the next forward reads, (1, T)
         self.ids: list[int] = []
         self.done = False
 
@@ -75,6 +78,7 @@ class Generation:
             return self._end("context" if cut else "max_new_tokens")
         with torch.inference_mode(), ablated(self.model, self.req.heads):
             out = self.model(self.pending, cache=self.cache, need_weights=True)
+        new = torch.tensor([[0]], device=self.state.device)  # (1, 1), the id set below
         logits = out.logits[0, -1].float()  # (V,)
         if self.sample:
             t = 1.0 if self.req.temperature is None else self.req.temperature
@@ -87,7 +91,8 @@ class Generation:
         rows = torch.stack([a[0, :, -1, :].float() for a in out.attentions])  # (N, H, L)
         rows = torch.round(rows * 10**DIGITS) / 10**DIGITS
         self.ids.append(token)
-        self.pending = torch.tensor([[token]], device=self.state.device)  # (1, 1)
+        new[0, 0] = token
+        self.pending = new if self.cache is not None else torch.cat([self.pending, new], 1)
         finished = token == self.eos or len(self.ids) >= self.budget
         if finished:
             self.done = True
