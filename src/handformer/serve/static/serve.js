@@ -76,7 +76,11 @@
     const box = $("sv-effect");
     box.textContent = "";
     document.body.dataset.svAblated = String(r.heads_ablated.length);
-    if (!r.heads_ablated.length) return;
+    const sim = $("sv-similarity");
+    if (!r.heads_ablated.length) {  // every head restored: the clean answer again
+      if (sim && lastRun) sim.textContent = fmt(lastRun.similarity);
+      return;
+    }
     const n = r.heads_ablated.length + " head" + (r.heads_ablated.length > 1 ? "s" : "") + " ablated: ";
     if (r.metric === "next_token") {
       showCandidates(box, n + "next token", r.ablated);
@@ -86,7 +90,6 @@
     const what = r.metric === "similarity" ? "similarity " : "cosine to the clean embedding ";
     box.textContent = n + what + fmt(r.clean) + " \u2192 " + fmt(r.ablated) +
       " (\u0394 " + (r.delta >= 0 ? "+" : "") + r.delta.toFixed(4) + ")";
-    const sim = $("sv-similarity");
     if (sim && r.metric === "similarity") sim.textContent = fmt(r.ablated) + " (ablated)";
   }
 
