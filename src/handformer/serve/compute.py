@@ -217,7 +217,9 @@ def ablate(state: ModelState, req: RunRequest) -> dict[str, object]:
 
 def rollout(state: ModelState, req: RunRequest) -> dict[str, object]:
     """``/api/rollout``: attention rollout through each layer, as viewer data (layer ``l``
-    of the picture = rollout through layers ``0..l``; one "head" per layer).
+    of the picture = rollout through layers ``0..l``; one "head" per layer): Abnar &
+    Zuidema's heads averaged, ``0.5 A + 0.5 I``, multiplied through the layers
+    (:func:`handformer.inspect.attention_rollout`).
 
     Raises:
         NotImplementedError: while :mod:`handformer.inspect` has no rollout.
@@ -231,7 +233,8 @@ def rollout(state: ModelState, req: RunRequest) -> dict[str, object]:
     enc = encode(state, req.text)
     with torch.inference_mode(), ablated(model, req.heads):
         attentions = model(**enc.batch, need_weights=True).attentions
-    rolled = [attention_rollout(attentions[:layer + 1])[0] for layer in range(len(attentions))]
+    rolled = [attention_rollout(attentions, layers=range(layer + 1))[0]  # (L, L) each
+              for layer in range(len(attentions))]
     from handformer.viz.html import viewer_payload
 
     stack = torch.stack(rolled)[:, None]  # (N, 1, L, L): one "head" per layer
