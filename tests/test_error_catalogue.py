@@ -32,7 +32,7 @@ from handformer.train.checkpoint import load_checkpoint, save_checkpoint
 DOC = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
 ROW = re.compile(r"^\|\s*(\d+)\s*\|(.*)\|\s*$")
 AREAS = {"attention", "masks", "modules", "positional", "loaders", "tokenizer", "generation",
-         "training", "cli", "inspect"}
+         "training", "cli", "inspect", "serve"}
 
 
 class CLIExit(Exception):  # noqa: N818 - stands for "exit 2 with this stderr line"

@@ -54,7 +54,8 @@ def test_banner_and_model_info(server, client):
     assert "all-MiniLM-L6-v2" in server.banner
     info = client.get("/api/model").json()
     assert info["model"] == "all-MiniLM-L6-v2" and info["type"] == "encoder"
-    assert (info["layers"], info["heads"], info["max_tokens"]) == (6, 12, 256)
+    assert (info["layers"], info["heads"], info["max_tokens"]) == (6, 12, 512)
+    assert info["embed_tokens"] == 256  # sentence_bert_config.json's max_seq_length
     assert info["attention_kinds"] == ["full", "local", "strided", "linear"]
     assert info["default_attention"]["kind"] == "full"
 
@@ -160,11 +161,16 @@ def test_32_concurrent_requests_with_different_ablations(server, bert):
     assert len({round(b["ablated"], 9) for b in answers}) > 20  # really different answers
 
 
-def test_long_text_is_cut_with_a_notice(client):
-    body = client.post("/api/run", json={"text": " ".join([SEED] * 40), "text_pair": PAIR}).json()
-    assert len(body["tokens"]) == 256
-    assert body["notices"] and "limit of 256" in body["notices"][0]
-    assert body["notices"][0].startswith("text has ")
+def test_long_text_is_cut_with_a_notice(client, bert):
+    model, tokenizer = bert
+    long = " ".join([SEED] * 40)
+    body = client.post("/api/run", json={"text": long, "text_pair": PAIR}).json()
+    assert len(body["tokens"]) == 512  # the attention view: the position table's limit
+    assert body["notices"][0].startswith("text has ") and "limit of 512" in body["notices"][0]
+    assert "sentence-embedding limit of 256" in body["notices"][1]
+    with pytest.warns(UserWarning, match="truncated to 256"):  # what embed() does
+        expected = similarity(model, tokenizer, long, PAIR)
+    assert body["similarity"] == pytest.approx(expected, abs=1e-6)
 
 
 @pytest.mark.parametrize("payload, field, words", [

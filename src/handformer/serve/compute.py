@@ -55,13 +55,15 @@ class Encoded:
         self.batch, self.tokens, self.notice = batch, tokens, notice
 
 
-def encode(state: ModelState, text: str, field: str = "text") -> Encoded:
-    """Tokenize ``text`` for the model, cut to ``state.max_tokens`` with a notice.
+def encode(state: ModelState, text: str, field: str = "text", *,
+           limit: int | None = None) -> Encoded:
+    """Tokenize ``text`` for the model, cut to ``limit`` (default ``state.max_tokens``) with a
+    notice.
 
     Raises:
         RequestError: for text the tokenizer rejects or that gives no tokens.
     """
-    limit = state.max_tokens
+    limit = state.max_tokens if limit is None else limit
     if state.causal:
         try:
             ids = state.tokenizer.encode(text)
@@ -85,7 +87,8 @@ def encode(state: ModelState, text: str, field: str = "text") -> Encoded:
             raise RequestError(field, " ".join(str(exc).split())) from None
         full = len(tokenizer._tokenizer.encode(text).ids)  # only to count the tokens
         encodings = tokenizer.encode([text], max_length=limit)  # cut (warning filtered)
-        notice = (f"{field} has {full} tokens, more than the model's limit of {limit}; only "
+        what = "limit" if limit == state.max_tokens else "sentence-embedding limit"
+        notice = (f"{field} has {full} tokens, more than the model's {what} of {limit}; only "
                   f"the first {limit} were used")
     batch = {k: v.to(state.device) for k, v in tokenizer.pad(encodings).items()}  # (1, L)
     return Encoded(batch, list(encodings[0].tokens), notice)
@@ -104,14 +107,22 @@ def _pattern(state: ModelState, choice: AttentionChoice, L: int) -> tuple[object
     return (kind if choice.kind in ("local", "strided") else None), label
 
 
-def _embedding(state: ModelState, model: nn.Module, enc: Encoded, *,
-               need_weights: bool = False) -> tuple[Tensor, tuple[Tensor, ...] | None]:
-    """The sentence embedding ``(E,)`` (the checkpoint's pooling) and the attentions."""
+def _pool(state: ModelState, hidden: Tensor, enc: Encoded) -> Tensor:
+    """The sentence embedding ``(E,)`` of ``(1, L, E)`` hidden states (the checkpoint's
+    pooling, as :func:`handformer.embed` does)."""
     from handformer.pretrained.pooling import SentencePooling
 
-    out = model(**enc.batch, need_weights=need_weights)
     pooling = state.model.sentence_pooling or SentencePooling()
-    return pooling(out.last_hidden_state, enc.batch["attention_mask"])[0], out.attentions
+    return pooling(hidden, enc.batch["attention_mask"])[0]
+
+
+def _embedding(state: ModelState, model: nn.Module, text: str, field: str,
+               notices: list[str]) -> Tensor:
+    """The sentence embedding ``(E,)`` of ``text``, cut to ``state.embed_tokens``."""
+    enc = encode(state, text, field, limit=state.embed_tokens)
+    if enc.notice:
+        notices.append(enc.notice)
+    return _pool(state, model(**enc.batch).last_hidden_state, enc)
 
 
 def _cosine(a: Tensor, b: Tensor) -> float:
@@ -161,14 +172,16 @@ def run(state: ModelState, req: RunRequest) -> dict[str, object]:
             attentions = out.attentions
             result["next_token"] = _top_tokens(state, out.logits[0, -1])
         else:
-            emb, attentions = _embedding(state, model, enc, need_weights=True)
+            out = model(**enc.batch, need_weights=True)
+            attentions = out.attentions
             result["similarity"] = None
             if req.text_pair is not None:
-                pair = encode(state, req.text_pair, "text_pair")
-                if pair.notice:
-                    notices.append(pair.notice)
-                result["similarity"] = _cosine(emb, _embedding(state, model, pair)[0])
-                result["pair_tokens"] = pair.tokens
+                if len(enc.tokens) <= state.embed_tokens:  # the same input: reuse the pass
+                    emb = _pool(state, out.last_hidden_state, enc)
+                else:
+                    emb = _embedding(state, model, req.text, "text", notices)
+                other = _embedding(state, model, req.text_pair, "text_pair", notices)
+                result["similarity"] = _cosine(emb, other)
     result["notices"] = notices
     result["viewer"] = _viewer(state, req, attentions, enc.tokens)
     return result
@@ -182,11 +195,12 @@ def ablate(state: ModelState, req: RunRequest) -> dict[str, object]:
     without it). Causal models: the next-token distribution with and without it.
     """
     model = state.variant(req.attention)
-    enc = encode(state, req.text)
-    notices = [enc.notice] if enc.notice else []
+    notices: list[str] = []
     result = _header(state, req)
     with torch.inference_mode():
         if state.causal:
+            enc = encode(state, req.text)
+            notices += [enc.notice] if enc.notice else []
             clean = model(**enc.batch).logits[0, -1]  # (V,)
             with ablated(model, req.heads):
                 dirty = model(**enc.batch).logits[0, -1]
@@ -197,19 +211,16 @@ def ablate(state: ModelState, req: RunRequest) -> dict[str, object]:
                 "clean": _top_tokens(state, clean), "ablated": _top_tokens(state, dirty),
                 "top_token_prob": {"clean": float(p[best].exp()), "ablated": float(q[best].exp())},
                 "kl_divergence": float((p.exp() * (p - q)).sum())}
-        emb = _embedding(state, model, enc)[0]
+        emb = _embedding(state, model, req.text, "text", notices)
         with ablated(model, req.heads):
-            emb_ablated = _embedding(state, model, enc)[0]
+            emb_ablated = _embedding(state, model, req.text, "text", [])
         if req.text_pair is None:
             value = _cosine(emb, emb_ablated)
             return result | {"metric": "self_similarity", "notices": notices,
                              "clean": 1.0, "ablated": value, "delta": value - 1.0}
-        pair = encode(state, req.text_pair, "text_pair")
-        if pair.notice:
-            notices.append(pair.notice)
-        other = _embedding(state, model, pair)[0]
+        other = _embedding(state, model, req.text_pair, "text_pair", notices)
         with ablated(model, req.heads):
-            other_ablated = _embedding(state, model, pair)[0]
+            other_ablated = _embedding(state, model, req.text_pair, "text_pair", [])
     clean, value = _cosine(emb, other), _cosine(emb_ablated, other_ablated)
     return result | {"metric": "similarity", "notices": notices, "clean": clean,
                      "ablated": value, "delta": value - clean}

@@ -127,6 +127,8 @@ class ModelState:
         tokenizer: its tokenizer.
         num_layers, num_heads: sizes.
         max_tokens: the longest input a request may use; longer text is cut.
+        embed_tokens: the longest input of a sentence embedding (encoders: the checkpoint's
+            sentence-transformers ``max_seq_length``, as :func:`handformer.embed` uses).
         default_attention: the attention the model was loaded with (full for BERT); what
             a request without ``attention`` gets.
 
@@ -158,6 +160,7 @@ class ModelState:
                                  "library) or a character vocab.json")
             c = model.config
             self.num_layers, self.num_heads, self.max_tokens = c.num_layers, c.num_heads, c.max_len
+            self.embed_tokens = self.max_tokens
             self.default_attention = AttentionChoice(
                 c.attention, window_size=c.window_size or 5, stride=c.stride or 3,
                 global_tokens=0)
@@ -168,10 +171,9 @@ class ModelState:
             c = model.config
             self.num_layers, self.num_heads = c.num_hidden_layers, c.num_attention_heads
             pooling = model.sentence_pooling
-            limit = tokenizer.max_length
+            self.max_tokens = self.embed_tokens = tokenizer.max_length
             if pooling is not None and pooling.max_seq_length is not None:
-                limit = min(limit, pooling.max_seq_length)
-            self.max_tokens = limit
+                self.embed_tokens = min(self.max_tokens, pooling.max_seq_length)
             self.default_attention = AttentionChoice()
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -212,7 +214,8 @@ class ModelState:
         """What ``GET /api/model`` returns."""
         return {"model": self.name, "type": "causal-lm" if self.causal else "encoder",
                 "layers": self.num_layers, "heads": self.num_heads,
-                "max_tokens": self.max_tokens, "attention_kinds": list(KINDS),
+                "max_tokens": self.max_tokens, "embed_tokens": self.embed_tokens,
+                "attention_kinds": list(KINDS),
                 "default_attention": self.default_attention.as_dict(),
                 "device": str(self.device),
                 "endpoints": ["/api/model", "/api/run", "/api/ablate", "/api/rollout"]
