@@ -307,3 +307,35 @@ def test_other_host_warns():
         assert err.startswith("warning: --host 0.0.0.0") and len(err.splitlines()) == 1
     finally:
         s.close()
+
+
+def paper_rollout(attentions: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Abnar & Zuidema (2020) in float64: per layer the mean over heads, plus the identity
+    for the residual, rows renormalised, multiplied through the layers; one result per depth."""
+    out, total = [], None
+    for a in attentions:
+        mean = a[0].double().mean(0)  # (L, L)
+        aug = 0.5 * mean + 0.5 * torch.eye(mean.shape[0], dtype=torch.float64)
+        aug = aug / aug.sum(-1, keepdim=True)
+        total = aug if total is None else aug @ total
+        out.append(total)
+    return out
+
+
+def test_rollout_matches_the_paper_formula(client, bert):
+    model, tokenizer = bert
+    body = client.post("/api/rollout", json={"text": SEED}).json()
+    assert body["model"] == "all-MiniLM-L6-v2" and body["attention"]["kind"] == "full"
+    assert "attention rollout" in body["viewer"]["note"]
+    with torch.inference_mode():
+        attentions = model(**tokenizer([SEED]), need_weights=True).attentions
+    want = torch.stack(paper_rollout(list(attentions))).numpy()  # (N, L, L)
+    got = viewer_weights(body["viewer"])  # (N, 1, L, L): one "head" per depth
+    assert got.shape == (6, 1, 15, 15)
+    assert np.abs(got[:, 0] - want).max() <= 1.0 / 255
+    # with a head ablated, the rollout is that of the ablated model
+    cut = client.post("/api/rollout", json={"text": SEED, "heads": [[0, 0]]}).json()
+    with torch.inference_mode():
+        ablated = zero_heads(model, [(0, 0)])(**tokenizer([SEED]), need_weights=True)
+    want = torch.stack(paper_rollout(list(ablated.attentions))).numpy()
+    assert np.abs(viewer_weights(cut["viewer"])[:, 0] - want).max() <= 1.0 / 255

@@ -134,8 +134,22 @@ def test_type_submit_ablate_restore(driver, server):
     assert driver.find_element(By.ID, "pattern-panel").is_displayed()
     assert canvas_hash(driver, "heat") != heat
 
+    # the rollout view: the viewer draws rollout through each layer instead
+    runs = int(driver.execute_script("return document.body.dataset.svRuns"))
+    heat = canvas_hash(driver, "heat")
+    driver.find_element(By.ID, "sv-rollout").click()
+    wait_for(driver, "return document.body.dataset.svRuns", str(runs + 1), timeout=60)
+    assert "attention rollout" in driver.find_element(By.ID, "sv-status").text
+    assert "attention rollout" in driver.find_element(By.ID, "info").text
+    assert driver.execute_script("return window.hfViewer.data.heads") == 1
+    assert canvas_hash(driver, "heat") != heat
+    driver.find_element(By.ID, "sv-rollout").click()
+    wait_for(driver, "return document.body.dataset.svRuns", str(runs + 2), timeout=60)
+    assert driver.execute_script("return window.hfViewer.data.heads") == 12
+
     assert severe(driver) == []
     urls = requested_urls(driver)
+    assert any(u.endswith("/api/rollout") for u in urls)
     assert any(u.endswith("/api/run") for u in urls) and any(u.endswith("/api/ablate")
                                                             for u in urls)
     assert all(u.startswith(server.url + "/") or u.startswith("data:") for u in urls), urls

@@ -248,7 +248,7 @@ def rollout(state: ModelState, req: RunRequest) -> dict[str, object]:
               for layer in range(len(attentions))]
     from handformer.viz.html import viewer_payload
 
-    stack = torch.stack(rolled)[:, None]  # (N, 1, L, L): one "head" per layer
+    stack = [r.float()[None, None] for r in rolled]  # N x (1, 1, L, L): one "head" per layer
     note = f"{state.name} \u00b7 {req.attention.describe()} \u00b7 attention rollout"
     result = _header(state, req) | {"tokens": enc.tokens,
                                     "notices": [enc.notice] if enc.notice else []}

@@ -105,7 +105,8 @@
       if ($("sv-rollout").checked) await showRollout(mine);
       else await V.render(r.viewer);
       if (mine !== seq) return;
-      status(r.tokens.length + " tokens \u00b7 " + who(r));
+      const rolled = $("sv-rollout").checked ? "attention rollout \u00b7 " : "";
+      status(r.tokens.length + " tokens \u00b7 " + rolled + who(r));
       document.body.dataset.svRuns = String(+(document.body.dataset.svRuns || 0) + 1);
       if (ablatedHeads.size) await ablate();
       else showEffect({ heads_ablated: [] });
@@ -118,7 +119,6 @@
     const r = await post("/api/rollout", settings(true));
     if (mine !== seq) return;
     await V.render(r.viewer);
-    status("attention rollout \u00b7 " + who(r));
   }
 
   async function ablate() {
@@ -259,10 +259,7 @@
     kindChanged();
     buildGrid();
     $("sv-kind").addEventListener("change", function () { kindChanged(); run(); });
-    $("sv-rollout").addEventListener("change", function () {
-      if ($("sv-rollout").checked) run();
-      else if (lastRun) V.render(lastRun.viewer);
-    });
+    $("sv-rollout").addEventListener("change", run);
     $("sv-form").addEventListener("submit", function (e) { e.preventDefault(); run(); });
     $("sv-generate").addEventListener("click", generate);
     document.body.dataset.svReady = "1";
