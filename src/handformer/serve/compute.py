@@ -142,8 +142,8 @@ def _header(state: ModelState, req: RunRequest | object) -> dict[str, object]:
             "attention": req.attention.as_dict(), "heads_ablated": [list(h) for h in req.heads]}
 
 
-def _viewer(state: ModelState, req: RunRequest, attentions: object, tokens: list[str],
-            note_extra: str = "") -> dict[str, object]:
+def _viewer(state: ModelState, req: RunRequest, attentions: object,
+            tokens: list[str]) -> dict[str, object]:
     from handformer.viz.html import viewer_payload
 
     pattern, label = _pattern(state, req.attention, len(tokens))
@@ -151,7 +151,8 @@ def _viewer(state: ModelState, req: RunRequest, attentions: object, tokens: list
     if req.heads:
         note += f" \u00b7 {len(req.heads)} head{'s' * (len(req.heads) != 1)} ablated"
     return viewer_payload(attentions, tokens, pattern=pattern, pattern_label=label,
-                          note=note + note_extra, layer=state.num_layers - 1)
+                          note=note, layer=state.num_layers - 1,
+                          compress=False)  # a local connection: raw is faster than deflate
 
 
 def run(state: ModelState, req: RunRequest) -> dict[str, object]:
@@ -253,5 +254,5 @@ def rollout(state: ModelState, req: RunRequest) -> dict[str, object]:
     result = _header(state, req) | {"tokens": enc.tokens,
                                     "notices": [enc.notice] if enc.notice else []}
     result["viewer"] = viewer_payload(stack, enc.tokens, note=note,
-                                      layer=state.num_layers - 1)
+                                      layer=state.num_layers - 1, compress=False)
     return result

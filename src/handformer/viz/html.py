@@ -69,9 +69,11 @@ def describe_pattern(allowed: np.ndarray, kind: str | None = None) -> str:
 def viewer_payload(attentions: object, tokens: Sequence[str], *, pattern: object = None,
                    pattern_label: str | None = None, key_tokens: Sequence[str] | None = None,
                    note: str | None = None, layer: int = 0, head: int = 0,
-                   view: str = "heat", cmap: str = "viridis") -> dict[str, object]:
+                   view: str = "heat", cmap: str = "viridis",
+                   compress: bool = True) -> dict[str, object]:
     """The data the viewer draws, as a JSON-ready dict (see :func:`save_html` for the
-    arguments): what a page passes to ``window.hfViewer.render(data)``.
+    arguments): what a page passes to ``window.hfViewer.render(data)``. ``compress=False``
+    sends the 8-bit weights raw at any size (see :func:`~handformer.viz.data.encode_weights`).
 
     Returns:
         A dict of plain JSON values (tokens, sizes, 8-bit weights as base64, pattern bits).
@@ -96,7 +98,8 @@ def viewer_payload(attentions: object, tokens: Sequence[str], *, pattern: object
     payload: dict[str, object] = {
         "version": 1, "tokens": toks, "key_tokens": keys, "layers": N, "heads": H,
         "layer": layer, "head": head, "view": view, "note": note,
-        "colormap": _colormap_bytes(cmap), **encode_weights(x), "pattern": None,
+        "colormap": _colormap_bytes(cmap), **encode_weights(x, compress=compress),
+        "pattern": None,
     }
     if allowed is not None:
         bits = np.packbits(allowed.reshape(-1))  # (ceil(L_q * L_k / 8),)
