@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 __all__ = ["CheckpointError", "LoadReport", "load_safetensors", "checkpoint_problems",
            "read_safetensors_header", "save_safetensors", "write_atomically", "pickle_refusal",
-           "PICKLE_SUFFIXES"]
+           "pickle_files", "PICKLE_SUFFIXES"]
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
@@ -78,16 +78,16 @@ def pickle_refusal(path: Path, *, found_instead_of: str | None = None) -> Checkp
             found in its place (a folder holding only ``pytorch_model.bin``).
     """
     folder = path.parent
-    found = (f"{folder}: found {path.name} but no {found_instead_of}. "
-             if found_instead_of else f"{path}: ")
+    found = (f"{folder}: found {path.name} but no {found_instead_of}. {path.name}"
+             if found_instead_of else str(path))
     return CheckpointError(
-        f"{found}{path.name} is a pickle checkpoint ({path.suffix}), refused on purpose: "
+        f"{found} is a pickle checkpoint ({path.suffix}), refused on purpose: "
         "unpickling can run arbitrary code, so handformer never opens pickle files and reads "
-        "only safetensors. Convert it once, in a Python where you trust the file, e.g. with "
-        f"transformers: `from transformers import AutoModel; "
+        "only safetensors. Convert it once, where you trust the file: with transformers, "
+        f"`from transformers import AutoModel; "
         f"AutoModel.from_pretrained({str(folder)!r}).save_pretrained({str(folder)!r}, "
-        "safe_serialization=True)` (AutoModelForCausalLM for GPT-2), or for a plain state "
-        "dict: `import torch, safetensors.torch as st; "
+        "safe_serialization=True)` (AutoModelForCausalLM for GPT-2); for a plain state dict "
+        "without tied tensors, `import torch, safetensors.torch as st; "
         f"st.save_file(torch.load({str(path)!r}, weights_only=True), "
         f"{str(folder / 'model.safetensors')!r})`"
     )
