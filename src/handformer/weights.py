@@ -1,8 +1,9 @@
 """Strict, all-or-nothing safetensors loading into an existing module.
 
 One function, :func:`load_safetensors`, shared by every checkpoint loader (BERT, GPT-2,
-``CausalLM.from_pretrained``, training checkpoints). It depends only on torch and safetensors,
-so it sits below the models in the layering.
+``CausalLM.from_pretrained``, training checkpoints), and its counterpart for writing,
+:func:`save_safetensors` (atomic: temporary file, fsync, rename). It depends only on torch and
+safetensors, so it sits below the models in the layering.
 A loader supplies a *key map*: a function from a checkpoint key to the model's state-dict key
 (or ``None`` for a key it deliberately skips, such as a task head), and where the names differ
 its inverse (a ``file_key(model_key)`` method, or the ``file_keys`` argument), so that keys
@@ -414,6 +415,14 @@ def write_atomically(path: str | os.PathLike, write: Callable[[Path], object]) -
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    try:  # make the rename itself durable (where directories can be fsync-ed)
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
     return path
 
 
