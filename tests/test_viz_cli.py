@@ -81,10 +81,10 @@ def test_attention_kinds_show_their_pattern(tmp_path, capsys, kind, extra, label
 
 
 def test_long_text_is_truncated_with_a_notice(tmp_path, capsys):
-    code, out, _ = run(capsys, " ".join([SEED] * 60), "--out", str(tmp_path))
+    code, out, err = run(capsys, " ".join([SEED] * 60), "--out", str(tmp_path))
     assert code == 0
-    assert ("note: the text is longer than the model's limit of 512 tokens; only the first "
-            "512 are shown") in out
+    assert err == ("note: the text is longer than the model's limit of 512 tokens; only the "
+                   "first 512 are shown\n")  # one line, on stderr
     assert "512 tokens, 6 layers x 12 heads" in out
     assert len(payload(tmp_path / "index.html")["tokens"]) == 512
 
@@ -177,7 +177,7 @@ def test_causal_lm_bad_input(char_lm, tmp_path, capsys, argv, message):
 def test_causal_lm_unknown_character_and_long_text(char_lm, tmp_path, capsys):
     code, _, err = run(capsys, "THE ANIMAL", "--model", str(char_lm), "--out", str(tmp_path))
     assert code == 2 and "not in the vocabulary" in err
-    code, out, _ = run(capsys, "abc " * 10, "--model", str(char_lm), "--out", str(tmp_path))
+    code, out, err = run(capsys, "abc " * 10, "--model", str(char_lm), "--out", str(tmp_path))
     assert code == 0
-    assert "note: the text has 40 tokens, more than the model's limit of 24" in out
+    assert "note: the text has 40 tokens, more than the model's limit of 24" in err
     assert len(payload(tmp_path / "index.html")["tokens"]) == 24
