@@ -12,8 +12,8 @@ import torch
 
 import handformer as hf
 from handformer.cli import main
-from handformer.models.causal_lm import CausalLM
 from handformer.commands.generate import _TextStream
+from handformer.models.causal_lm import CausalLM
 from handformer.pretrained import load_gpt2
 from handformer.train.data import CharVocab
 

@@ -181,3 +181,29 @@ def test_causal_lm_unknown_character_and_long_text(char_lm, tmp_path, capsys):
     assert code == 0
     assert "note: the text has 40 tokens, more than the model's limit of 24" in err
     assert len(payload(tmp_path / "index.html")["tokens"]) == 24
+
+
+# ---- issue 16: options of another attention kind are refused, not ignored -------------------
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--window-size", "7"], "--window-size 7 applies to --attention local, not --attention "
+                             "full; add --attention local or leave --window-size out"),
+    (["--attention", "local", "--stride", "4"],
+     "--stride 4 applies to --attention strided, not --attention local; add --attention "
+     "strided or leave --stride out"),
+    (["--attention", "linear", "--global-tokens", "2"],
+     "--global-tokens 2 applies to --attention strided, not --attention linear"),
+])
+def test_pattern_flag_of_another_kind_is_refused(tmp_path, capsys, argv, message):
+    out_dir = tmp_path / "v"
+    code, out, err = run(capsys, SEED, "--out", str(out_dir), *argv)
+    assert code == 2 and out == ""
+    assert err.startswith(f"handformer viz: error: {message}") and err.count("\n") == 1
+    assert not out_dir.exists()  # refused before anything was written
+
+
+def test_pattern_flag_on_a_causal_folder_is_refused(char_lm, tmp_path, capsys):
+    code, _, err = run(capsys, "the animal", "--model", str(char_lm), "--out", str(tmp_path),
+                       "--window-size", "3")
+    assert code == 2 and "--window-size 3 applies to --attention local" in err

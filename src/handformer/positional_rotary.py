@@ -118,10 +118,11 @@ class RotaryEmbedding(nn.Module):
             ``(q, k)`` rotated, same shapes and dtypes.
         """
         L_q, L_k = q.shape[-2], k.shape[-2]
-        if positions is None:
-            positions = torch.arange(offset, offset + L_k, device=k.device)  # (L_k,)
+        if positions is None:  # made where the angles are computed (no copy between devices)
+            where = k.device if has_float64(k.device) else torch.device("cpu")
+            positions = torch.arange(offset, offset + L_k, device=where)  # (L_k,)
             if L_q != L_k:  # queries aligned to the last keys
-                pos_q = torch.arange(offset + L_k - L_q, offset + L_k, device=q.device)
+                pos_q = torch.arange(offset + L_k - L_q, offset + L_k, device=where)
                 return self.rotate(q, pos_q), self.rotate(k, positions)
         compute = torch.float64 if q.dtype == torch.float64 else torch.float32
         cos, sin = self.cos_sin(positions, compute, q.device)  # once for q and k
