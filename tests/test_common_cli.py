@@ -59,14 +59,14 @@ def test_cuda_absent_says_why(monkeypatch: pytest.MonkeyPatch, cuda_build: str |
     assert str(info.value).endswith("use --device cpu (or auto, which falls back to the CPU)")
 
 
-@pytest.mark.parametrize("command", ["embed", "viz"])
-def test_embed_and_viz_refuse_absent_cuda_in_one_line(command: str, bert_dir: Path,
-                                                       tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("command", ["embed", "viz", "heads"])
+def test_every_model_command_refuses_absent_cuda_in_one_line(
+        command: str, bert_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    out_dir = tmp_path / "viz"
-    extra = ["--out", str(out_dir)] if command == "viz" else []
+    out_dir = tmp_path / "out"
+    extra = {"embed": [], "viz": ["--out", str(out_dir)],
+             "heads": ["a dog", "--out", str(out_dir)]}[command]
     assert main([command, "the cat", "--model", str(bert_dir), "--device", "cuda",
                  *extra]) == 2
     captured = capsys.readouterr()
@@ -75,7 +75,7 @@ def test_embed_and_viz_refuse_absent_cuda_in_one_line(command: str, bert_dir: Pa
     assert not out_dir.exists()  # refused before anything was written
 
 
-def test_embed_and_viz_run_with_device_cpu(bert_dir: Path, tmp_path: Path,
+def test_model_commands_run_with_device_cpu(bert_dir: Path, tmp_path: Path,
                                            capsys: pytest.CaptureFixture) -> None:
     assert main(["embed", "the cat", "a dog", "--model", str(bert_dir), "--json"]) == 0
     default = capsys.readouterr().out
@@ -85,6 +85,9 @@ def test_embed_and_viz_run_with_device_cpu(bert_dir: Path, tmp_path: Path,
     assert main(["viz", "the cat sat", "--model", str(bert_dir), "--out", str(tmp_path),
                  "--device", "cpu"]) == 0
     assert (tmp_path / "index.html").is_file()
+    assert main(["heads", "the cat", "a dog", "--model", str(bert_dir), "--out", str(tmp_path),
+                 "--device", "cpu"]) == 0
+    assert (tmp_path / "heads.png").is_file()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
