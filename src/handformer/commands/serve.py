@@ -18,7 +18,7 @@ import sys
 import threading
 from collections.abc import Iterator
 
-from handformer.cli import UsageError
+from handformer.commands.common import UsageError, add_device_argument, resolve_device
 
 NAME = "serve"
 HELP = "Serve a live web app: type text, see the attention, ablate heads, generate."
@@ -35,8 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="address to listen on (default 127.0.0.1, this machine only)")
     parser.add_argument("--port", type=int, default=8000,
                         help="port to listen on (default 8000; 0 = any free port)")
-    parser.add_argument("--device", default="cpu",
-                        help="where the model runs, e.g. cpu, cuda, cuda:1 (default cpu)")
+    add_device_argument(parser)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -63,18 +62,6 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _device(name: str) -> str:
-    import torch
-
-    try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise UsageError(f"--device {name!r} is not a device; use cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device {name}: CUDA is not available here; use --device cpu")
-    return str(device)
-
-
 def run(args: argparse.Namespace) -> int:
     from handformer.serve.app import require_starlette
 
@@ -82,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         require_starlette()
     except ImportError as exc:
         raise UsageError(str(exc)) from None
-    device = _device(args.device)
+    device = str(resolve_device(args.device))
     loopback = args.host in LOOPBACK
     if not loopback:
         sys.stderr.write(f"warning: --host {args.host} lets other machines reach this server "
