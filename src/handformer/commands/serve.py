@@ -86,14 +86,20 @@ def run(args: argparse.Namespace) -> int:
         if loopback:
             hosts = {f"{h}:{port}" for h in ("127.0.0.1", "localhost", "[::1]")}
         app = create_app(state, allowed_hosts=hosts)
+        config = uvicorn.Config(app, log_level="warning", lifespan="off",
+                                timeout_graceful_shutdown=GRACE_S, access_log=False)
+        server = _server_class(uvicorn)(config)
+        # From the moment the URL is printed, a signal stops the server cleanly.
+        old = {sig: signal.signal(sig, server.stop) for sig in (signal.SIGINT, signal.SIGTERM)}
         shown = f"[{args.host}]" if ":" in args.host else args.host
         print(f"handformer serve: {state.name} ({'causal LM' if state.causal else 'encoder'}, "
               f"{state.num_layers} layers x {state.num_heads} heads) at "
               f"http://{shown}:{port}/  (Ctrl+C stops it)", flush=True)
-        config = uvicorn.Config(app, log_level="warning", lifespan="off",
-                                timeout_graceful_shutdown=GRACE_S, access_log=False)
-        server = _server_class(uvicorn)(config)
-        server.run(sockets=[sock])
+        try:
+            server.run(sockets=[sock])
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
     finally:
         sock.close()
     print(f"handformer serve: stopped{server.stop_reason}", flush=True)
@@ -113,18 +119,18 @@ def _server_class(uvicorn: object) -> type:
     class Server(uvicorn.Server):
         stop_reason = ""
 
+        def stop(self, sig: int, frame: object) -> None:
+            """The SIGINT / SIGTERM handler: shut down (at once on a second signal)."""
+            self.stop_reason = f" ({signal.Signals(sig).name})"
+            self.force_exit = self.should_exit
+            self.should_exit = True
+
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
             if threading.current_thread() is not threading.main_thread():
                 yield
                 return
-
-            def stop(sig: int, frame: object) -> None:
-                self.stop_reason = f" ({signal.Signals(sig).name})"
-                self.force_exit = self.should_exit  # a second signal: do not wait
-                self.should_exit = True
-
-            old = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+            old = {sig: signal.signal(sig, self.stop) for sig in (signal.SIGINT, signal.SIGTERM)}
             try:
                 yield
             finally:
