@@ -10,6 +10,10 @@ import argparse
 import importlib
 import sys
 
+from handformer.commands import UsageError
+
+__all__ = ["main", "build_parser", "UsageError"]
+
 # Sub-command modules; each defines ``NAME``, ``HELP``, ``add_arguments(parser)`` and
 # ``run(args) -> int``.
 COMMANDS = [
@@ -19,10 +23,6 @@ COMMANDS = [
     "handformer.commands.viz",
     "handformer.commands.generate",
 ]
-
-
-class UsageError(Exception):
-    """Bad input from the command line: printed as one line, exit code 2."""
 
 
 class _Parser(argparse.ArgumentParser):

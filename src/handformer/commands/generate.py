@@ -112,7 +112,7 @@ class _TextStream:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from handformer.cli import UsageError
+    from handformer.commands import UsageError
 
     if not -(2**63) <= args.seed < 2**64:  # torch's seed range
         raise UsageError(f"--seed must be in [-2**63, 2**64), got {args.seed}")

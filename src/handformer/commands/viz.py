@@ -24,7 +24,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from handformer.cli import UsageError
+from handformer.commands import UsageError
 
 NAME = "viz"
 HELP = "Show a model's attention on TEXT: head.png, model.png and index.html."
