@@ -25,10 +25,11 @@ dtype. The state can only drop *keys*, so ``mask`` must be a key mask broadcasta
 each key's kernel as an additive bias weights softmax scores. Like softmax, a float bias is
 shift-invariant: query ``i`` weights key ``j`` by ``exp(b_j - m_i)``, ``m_i`` the largest bias
 among the keys it sees, so the largest weight is 1, any finite bias (``1e4`` included) is safe,
-and ``-inf`` removes a key. (Plain ``exp(b_j)`` would overflow above ~88 in float32 and give
-NaN; it equals the stabilised form except for where ``eps`` sits, ``eps * exp(m_i)``.) Causal
-attention keeps the running maximum with its state, rescaling the sums when it grows, as
-blocked softmax does. A per-query mask raises ``ValueError``.
+and ``-inf`` removes a key. (Plain ``exp(b_j)`` overflows above ~88 in float32 and gives NaN.
+Dividing the numerator and the denominator by ``exp(m_i)`` leaves their ratio unchanged, so
+the two forms differ only in the relative size of ``eps``.) Causal attention keeps the
+running maximum with its state, rescaling the sums when it grows, as blocked softmax does. A
+per-query mask raises ``ValueError``.
 
 ``scale`` multiplies ``q`` before the feature map: ``phi(scale * q)``. Softmax attention
 computes ``exp(scale * q . k)``; this kernel stands in for ``exp(q . k)``, so the analogue of
