@@ -47,6 +47,26 @@ class AttentionKind(nn.Module):
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
                 causal: bool = False, need_weights: bool = False, dropout_p: float = 0.0,
                 scale: float | None = None) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``q`` to ``k``/``v`` with this kind's pattern.
+
+        Args:
+            q: queries ``(..., L_q, D)``.
+            k: keys ``(..., L_k, D)``.
+            v: values ``(..., L_k, D_v)``.
+            mask: bool (True = may attend) or float (additive bias) mask broadcastable to
+                ``(..., L_q, L_k)``, positional or by keyword.
+            causal: block keys after the query's position (bottom-right aligned).
+            need_weights: also return the effective dense ``(..., L_q, L_k)`` weights.
+            dropout_p: dropout on the weights; only kinds with ``supports_dropout`` accept
+                a value above 0.
+            scale: the kind's score scale; None is its default.
+
+        Returns:
+            ``(out, weights)``: ``out`` ``(..., L_q, D_v)``; ``weights`` or None.
+
+        Raises:
+            ValueError / TypeError: for the bad inputs each kind documents.
+        """
         raise NotImplementedError
 
     def pattern(self, L_q: int, L_k: int, *, causal: bool = False) -> Tensor | None:
