@@ -143,7 +143,7 @@
     for (let l = 0; l < info.layers; l++) {
       grid.appendChild(el("span", "lab", "layer " + l));
       for (let h = 0; h < info.heads; h++) {
-        const b = el("button", null, l + "." + h);
+        const b = el("button", null, String(h));
         b.type = "button";
         b.dataset.l = l; b.dataset.h = h;
         b.title = "layer " + l + ", head " + h + ": click to ablate";
