@@ -49,6 +49,9 @@ def _bind(host: str, port: int) -> socket.socket:
     family, _, _, _, address = infos[0]
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Accepted connections inherit this: a response's header and body writes leave at once
+    # instead of the body waiting for the client's delayed ACK (up to 40 ms, Nagle).
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind(address)
         sock.listen(128)
