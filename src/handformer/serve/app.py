@@ -36,6 +36,7 @@ from handformer.serve.validation import (
 
 __all__ = ["create_app", "SecurityMiddleware", "require_starlette"]
 
+COMPUTE_SLOTS = 2  # model computations at the same time (each in its own thread and context)
 _BAD_PATH = (b"..", b"%2e", b"%2f", b"%5c", b"\\", b"%00", b"\x00")
 
 
@@ -144,8 +145,8 @@ def create_app(state: ModelState, *, allowed_hosts: set[str] | None = None) -> o
         ImportError: without starlette (``pip install handformer[serve]``).
     """
     require_starlette()
+    import anyio
     from starlette.applications import Starlette
-    from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
     from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
@@ -156,6 +157,12 @@ def create_app(state: ModelState, *, allowed_hosts: set[str] | None = None) -> o
     page, csp = build_page(state, example)
     static = static_files()
     info = state.info() | {"example": example}
+    # Model work runs in worker threads, at most COMPUTE_SLOTS at a time: torch already
+    # spreads one forward over the cores, and more at once only makes them fight for them.
+    slots = anyio.CapacityLimiter(COMPUTE_SLOTS)
+
+    async def in_thread(fn: object, *args: object) -> object:
+        return await anyio.to_thread.run_sync(fn, *args, limiter=slots)
 
     def error(status: int, message: str, field: str | None = None) -> JSONResponse:
         return JSONResponse({"error": " ".join(message.split()), "field": field},
@@ -177,19 +184,19 @@ def create_app(state: ModelState, *, allowed_hosts: set[str] | None = None) -> o
     def endpoint(compute_fn: object) -> object:
         async def handle(request: object) -> Response:
             req = parse_run(parse_json(await _read_body(request)), state)
-            body = await run_in_threadpool(lambda: json_body(compute_fn(state, req)))
+            body = await in_thread(lambda: json_body(compute_fn(state, req)))
             return Response(body, media_type="application/json")
         return handle
 
     async def generate(request: object) -> Response:
         req = parse_generate(parse_json(await _read_body(request)), state)
-        gen = await run_in_threadpool(Generation, state, req)
+        gen = await in_thread(Generation, state, req)
 
         async def lines():
             yield json.dumps(gen.start()) + "\n"
             while True:
                 try:
-                    event = await run_in_threadpool(gen.step)
+                    event = await in_thread(gen.step)
                 except Exception as exc:  # the status line is sent already: report in-band
                     yield json.dumps({"event": "error", "error": " ".join(str(exc).split())})
                     return

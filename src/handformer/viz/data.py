@@ -193,7 +193,7 @@ def encode_weights(x: np.ndarray, *, max_bytes: int = MAX_BYTES,
         # (x - lo) / span * levels, rounded: in place, in float32 (one buffer, a few passes)
         q = np.subtract(x, lo[..., None, None], dtype=np.float32)  # (N, H, L_q, L_k)
         q *= (levels / span)[..., None, None].astype(np.float32)
-        raw = np.rint(q, out=q).astype(np.uint8).tobytes()
+        raw = memoryview(np.rint(q, out=q).astype(np.uint8).reshape(-1))  # no extra copy
         if len(raw) <= RAW_LIMIT or not compress:
             encoding, payload = "raw", raw
         else:
