@@ -181,6 +181,7 @@ def test_long_text_is_cut_with_a_notice(client, bert):
     ({"text": "hi", "attention": "sparse"}, "attention", "one of"),
     ({"text": "hi", "attention": "local", "window_size": 0}, "window_size", "1.."),
     ({"text": "hi", "attention": "local", "window_size": "5"}, "window_size", "integer"),
+    ({"text": "hi", "attention": "local", "window_size": 4}, "window_size", "odd"),
     ({"text": "hi", "attention": "strided", "stride": True}, "stride", "integer"),
     ({"text": "hi", "heads": [[6, 0]]}, "heads", "out of range"),
     ({"text": "hi", "heads": [[0]]}, "heads", "pair"),

@@ -166,13 +166,13 @@ def test_long_prompt_is_cut_with_a_notice(client):
 
 
 def test_local_trained_model_defaults_to_its_own_attention(tmp_path):
-    folder = causal_folder(tmp_path / "local", attention="local", window_size=6)
+    folder = causal_folder(tmp_path / "local", attention="local", window_size=7)
     s = Server("--model", str(folder))
     try:
         with httpx.Client(base_url=s.url, timeout=120) as c:
             info = c.get("/api/model").json()
-            assert info["default_attention"] == {"kind": "local", "window_size": 6,
-                                                 "description": "local attention, window 6"}
+            assert info["default_attention"] == {"kind": "local", "window_size": 7,
+                                                 "description": "local attention, window 7"}
             body = c.post("/api/run", json={"text": PROMPT}).json()
             assert body["attention"]["kind"] == "local"
             model = hf.CausalLM.from_pretrained(folder).eval()
