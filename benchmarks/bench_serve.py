@@ -177,7 +177,8 @@ def main() -> int:
         f" = {long['ratio']:.2f} | <= 2 ({'met' if long['within_target'] else 'missed'}) |",
         "",
         "The request includes tokenization, the forward pass with weights, the viewer data "
-        "(8-bit weights, deflate-compressed above 256 kB) and JSON both ways. Other processes "
+        "(8-bit weights, sent raw as base64: faster than deflate on a local connection) and "
+        "JSON both ways. Other processes "
         "may share the CPU while this runs; see the individual runs in the JSON file.",
         "",
     ])
