@@ -137,7 +137,8 @@ def _top_tokens(state: ModelState, logits: Tensor) -> list[dict[str, object]]:
              "prob": round(float(p), 6)} for p, i in zip(top.values, top.indices, strict=True)]
 
 
-def _header(state: ModelState, req: RunRequest | object) -> dict[str, object]:
+def _header(state: ModelState, req: RunRequest) -> dict[str, object]:
+    """Who answers: the model, the attention kind and the ablated heads."""
     return {"model": state.name, "model_type": "causal-lm" if state.causal else "encoder",
             "attention": req.attention.as_dict(), "heads_ablated": [list(h) for h in req.heads]}
 
@@ -168,13 +169,11 @@ def run(state: ModelState, req: RunRequest) -> dict[str, object]:
     notices = [enc.notice] if enc.notice else []
     result = _header(state, req) | {"tokens": enc.tokens}
     with torch.inference_mode(), ablated(model, req.heads):
+        out = model(**enc.batch, need_weights=True)
+        attentions = out.attentions
         if state.causal:
-            out = model(**enc.batch, need_weights=True)
-            attentions = out.attentions
             result["next_token"] = _top_tokens(state, out.logits[0, -1])
         else:
-            out = model(**enc.batch, need_weights=True)
-            attentions = out.attentions
             result["similarity"] = None
             if req.text_pair is not None:
                 if len(enc.tokens) <= state.embed_tokens:  # the same input: reuse the pass
