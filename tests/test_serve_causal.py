@@ -182,3 +182,43 @@ def test_local_trained_model_defaults_to_its_own_attention(tmp_path):
             assert body["next_token"][0]["id"] == int(logits.argmax())
     finally:
         s.close()
+
+
+def test_gpt2_folder_with_a_tokenizer_json(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    import warnings
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from handformer.pretrained import load_gpt2
+
+    V, EOS = 40, 39
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=V, n_positions=32, n_embd=16, n_layer=2,
+                                     n_head=2, bos_token_id=EOS, eos_token_id=EOS,
+                                     initializer_range=0.3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path, safe_serialization=True)
+    vocab = {f"w{i}": i for i in range(V - 1)} | {"<|endoftext|>": EOS}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    model, tokenizer = load_gpt2(tmp_path)
+    s = Server("--model", str(tmp_path))
+    try:
+        with httpx.Client(base_url=s.url, timeout=120) as c:
+            info = c.get("/api/model").json()
+            assert info["type"] == "causal-lm" and info["max_tokens"] == 32
+            body = c.post("/api/run", json={"text": "w1 w2 w3"}).json()
+            with torch.inference_mode():
+                logits = model(torch.tensor([[1, 2, 3]])).logits[0, -1]
+            assert body["next_token"][0]["id"] == int(logits.argmax())
+            events = read_stream(c, {"text": "w1 w2 w3", "max_new_tokens": 5})
+            ids = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=5,
+                                 eos_token_id=EOS)[0, 3:].tolist()
+            got = [e["id"] for e in events if e["event"] == "token"]
+            assert got == (ids[:ids.index(EOS) + 1] if EOS in ids else ids)
+            assert events[-1]["reason"] == ("eos" if EOS in ids else "max_new_tokens")
+    finally:
+        s.close()
