@@ -18,12 +18,14 @@ hand-written one. What makes it affordable, without changing any value:
   arithmetic (its docs warn that float capacities can loop or go wrong); zero edges are left
   out (causal masks and padding drop whole triangles);
 * the algorithm is ``shortest_augmenting_path``, the fastest of networkx's on these dense
-  layered graphs (measured: ~2x preflow-push, ~3x Dinitz, ~60x Edmonds-Karp, which the
-  paper's reference code uses).
+  layered graphs (measured on the bundled model: 2x faster than preflow-push, 3x
+  Boykov-Kolmogorov, 7x Dinitz; the paper's reference code runs Edmonds-Karp on a graph
+  built for each pair, about 60x slower per pair).
 
-The time grows as ``rows x L x N x L²``: about 2 s for the ``[CLS]`` row of 64 tokens through
-the bundled model's 6 layers, 10-20 s at 128 tokens (2 CPU cores); ``rows="all"`` multiplies
-by ``L``. Longer inputs than ``max_tokens`` (default 128) are refused unless you raise it.
+The time grows as ``rows x L x N x L²`` or a little faster: for the ``[CLS]`` row through the
+bundled model's 6 layers, 64 tokens took 11 s and 128 tokens 2 minutes on 2 CPU cores shared
+with other work (``benchmarks/results/inspect.md``); ``rows="all"`` multiplies by ``L``.
+Inputs longer than ``max_tokens`` (default 128) are refused unless you raise it.
 
 Shape letters: ``N`` layers, ``B`` batch, ``R`` rows, ``L`` length.
 """
