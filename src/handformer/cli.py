@@ -18,6 +18,7 @@ COMMANDS = [
     "handformer.commands.embed",
     "handformer.commands.viz",
     "handformer.commands.generate",
+    "handformer.commands.heads",
 ]
 
 
