@@ -93,8 +93,9 @@ def select_layers(layers: Sequence[int] | None, num_layers: int) -> list[int]:
         if isinstance(i, bool) or not isinstance(i, int):
             raise TypeError(f"layers must hold integers, got {i!r}")
         if not 0 <= i < num_layers:
-            raise ValueError(f"layer {i} is out of range: the model has {num_layers} layers, "
-                             f"valid layers are 0..{num_layers - 1}")
+            raise ValueError(f"layer {i} is out of range: the model has {num_layers} "
+                             f"layer{'s' * (num_layers != 1)}, valid layers are "
+                             f"0..{num_layers - 1}")
     if any(b <= a for a, b in zip(chosen, chosen[1:], strict=False)):
         raise ValueError(f"layers must be increasing (input to output), got {chosen}")
     return chosen
