@@ -75,8 +75,12 @@ def paper_flow(attentions: list[torch.Tensor]) -> np.ndarray:
     return out
 
 
-def test_flow_equals_edmonds_karp_on_the_paper_graph() -> None:
-    att = [torch.randn(1, 3, 5, 5).softmax(-1) for _ in range(3)]
+@pytest.mark.parametrize("layers, causal", [(3, False), (5, False), (4, True)])
+def test_flow_equals_edmonds_karp_on_the_paper_graph(layers: int, causal: bool) -> None:
+    scores = torch.randn(layers, 1, 3, 5, 5)
+    if causal:  # a causal LM's pattern: keys after the query get nothing
+        scores = scores.masked_fill(torch.ones(5, 5, dtype=torch.bool).triu(1), float("-inf"))
+    att = list(scores.softmax(-1))
     got = attention_flow(att, rows="all")
     assert got.dtype == torch.float32
     np.testing.assert_allclose(got[0].double().numpy(), paper_flow(att), atol=1e-6)
