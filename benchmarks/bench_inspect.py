@@ -17,6 +17,7 @@ quick smoke run).
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -141,8 +142,11 @@ def main(names: list[str]) -> int:
         previous = json.loads(recorded.read_text(encoding="utf-8")).get("parts", {})
     parts = dict(previous)
     for name in names or list(PARTS):
+        load_before = os.getloadavg()[0]
         data, lines = PARTS[name]()
-        parts[name] = {"machine": machine(), "data": data, "markdown": lines}
+        parts[name] = {"machine": machine(), "data": data, "markdown": lines,
+                       "load_average_start_end": [round(load_before, 2),
+                                                  round(os.getloadavg()[0], 2)]}
         print("\n".join(lines))
     markdown = ["# handformer.inspect: speed", "", f"Last run: {machine_line()}", ""]
     for name in PARTS:  # a fixed order, whatever was run this time

@@ -139,3 +139,24 @@ def test_cli_viz_rollout(tiny: tuple, tmp_path: Path, capsys: pytest.CaptureFixt
     code = main(["viz", "the cat", "--model", str(folder), "--out", str(tmp_path / "plain")])
     assert code == 0 and not (tmp_path / "plain" / "rollout.png").exists()
     assert payload((tmp_path / "plain" / "index.html").read_text())["rollout"] is None
+
+
+def test_cli_viz_rollout_causal_lm(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A causal LM folder: the row compared is the last token's."""
+    from handformer.train.data import CharVocab
+
+    folder = tmp_path / "lm"
+    vocab = CharVocab(list("abcdefghijklmnopqrstuvwxyz "))
+    config = hf.CausalLMConfig(vocab_size=len(vocab), max_len=24, d_model=16, num_heads=2,
+                               num_layers=2, d_ff=32)
+    hf.CausalLM(config).save_pretrained(folder)
+    vocab.save(folder / "vocab.json")
+    code = main(["viz", "the cat", "--model", str(folder), "--rollout", "--out",
+                 str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    view = payload((tmp_path / "out" / "index.html").read_text(encoding="utf-8"))["rollout"]
+    assert view["row"] == 6  # 7 characters, the last one
+    levels = np.frombuffer(base64.b64decode(view["matrix"]), np.uint8).reshape(7, 7)
+    assert not levels[np.triu_indices(7, 1)].any()  # causal: nothing from later tokens
+    assert view["flow"][-1] > 0 and len(view["flow"]) == 7
