@@ -21,12 +21,12 @@ hand-written one. What makes it affordable, without changing any value:
   out (causal masks and padding drop whole triangles);
 * the algorithm is ``shortest_augmenting_path``, the fastest of networkx's on these dense
   layered graphs (measured on the bundled model: 2x faster than preflow-push, 3x
-  Boykov-Kolmogorov, 7x Dinitz; the paper's reference code runs Edmonds-Karp on a graph
-  built for each pair, about 60x slower per pair).
+  Boykov-Kolmogorov, 7x Dinitz; the paper's reference code runs networkx's Edmonds-Karp per
+  pair, which rebuilds the residual network every time: about 90x slower per pair).
 
 The time grows as ``rows x L x N x L²`` or a little faster: for the ``[CLS]`` row through the
-bundled model's 6 layers, 64 tokens took 11 s and 128 tokens 2 minutes on 2 CPU cores shared
-with other work (``benchmarks/results/inspect.md``); ``rows="all"`` multiplies by ``L``.
+bundled model's 6 layers, 64 tokens took 4 s and 128 tokens 40 s on 2 CPU cores shared with
+other work (``benchmarks/results/inspect.md``); ``rows="all"`` multiplies by ``L``.
 Inputs longer than ``max_tokens`` (default 128) are refused unless you raise it.
 
 Shape letters: ``N`` layers, ``B`` batch, ``R`` rows, ``L`` length.
