@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import matplotlib
 import numpy as np
 import torch
 from matplotlib.figure import Figure
@@ -128,14 +129,16 @@ def plot_faithfulness(result: object, *, title: str | None = None) -> Figure:
     M, L = scores.shape
     fig = _new_figure(min(max(0.35 * L + 3.0, 6.0), 14.0) + 4.5, max(3.2, 0.5 * M + 2.4))
     strip, table = fig.subplots(1, 2, gridspec_kw={"width_ratios": [max(L / 4, 2.0), 1.6]})
-    strip.imshow(np.stack([_scaled(s) for s in scores]), cmap="viridis", vmin=0, vmax=1,
-                 aspect="auto", interpolation="nearest")
+    shown = np.full((M, L), np.nan)  # tokens left out of the correlation: grey
+    shown[:, result.positions] = np.stack([_scaled(s) for s in scores[:, result.positions]])
+    strip.imshow(shown, cmap=matplotlib.colormaps["viridis"].with_extremes(bad="#dddddd"),
+                 vmin=0, vmax=1, aspect="auto", interpolation="nearest")
     strip.set_yticks(range(M))
     strip.set_yticklabels(result.methods)
     strip.set_xticks(range(L))
     strip.set_xticklabels(result.tokens, rotation=90, fontsize=_font_size(L))
-    strip.set_title(f"Token scores ({result.row} row; ablation: {result.ablation}), "
-                    "each scaled to its maximum", fontsize=10)
+    strip.set_title(f"Token scores ({result.row} row; ablation: {result.ablation}), each "
+                    "scaled to its maximum; grey: not ranked", fontsize=10)
     im = table.imshow(corr, cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
     for a in range(M):
         for b in range(M):
