@@ -187,11 +187,11 @@ def similarity_lens(model: nn.Module, tokenizer: object, text: str,
     if not hasattr(model, "encoder") or not hasattr(model.encoder, "layers"):
         raise TypeError(f"similarity_lens needs a BERT-family encoder (BertModel), got "
                         f"{type(model).__name__}; for causal language models use logit_lens")
-    mine = _pooled_layers(model, tokenizer, text).double()  # (N + 1, E)
+    mine = _pooled_layers(model, tokenizer, text).double().cpu()  # (N + 1, E)
     to_final = F.cosine_similarity(mine, mine[-1:].expand_as(mine), dim=-1)
     to_other = None
     if other is not None:
-        theirs = _pooled_layers(model, tokenizer, other).double()
+        theirs = _pooled_layers(model, tokenizer, other).double().cpu()
         to_other = F.cosine_similarity(mine, theirs, dim=-1)
     labels = ["embeddings"] + [f"layer {i}" for i in range(mine.shape[0] - 1)]
     return SimilarityLens(labels, mine.float(), to_final, to_other)
