@@ -84,6 +84,9 @@ def test_flow_equals_edmonds_karp_on_the_paper_graph(layers: int, causal: bool) 
     got = attention_flow(att, rows="all")
     assert got.dtype == torch.float32
     np.testing.assert_allclose(got[0].double().numpy(), paper_flow(att), atol=1e-6)
+    # Another networkx algorithm on the same reused residual network: the same values.
+    other = attention_flow(att, rows="all", flow_func=nx.algorithms.flow.preflow_push)
+    torch.testing.assert_close(other, got, rtol=0, atol=0)
     # Upper bounds: what leaves the source (1) and what enters the sink (a column sum).
     into_sink = residual_attention(att)[0, 0].sum(dim=0)  # (L,)
     assert torch.all(got[0] <= torch.minimum(into_sink, torch.ones(5)).float() + 1e-6)
@@ -109,6 +112,15 @@ def test_padding_is_left_out() -> None:
     torch.testing.assert_close(got[0, :4, :4], attention_flow(att, rows="all")[0])
     assert torch.all(got[0, 4:] == 0) and torch.all(got[0, :, 4:] == 0)
     torch.testing.assert_close(got[1], torch.eye(6, dtype=torch.float64))
+
+
+def test_progress_bar_counts_every_max_flow(capsys: pytest.CaptureFixture) -> None:
+    att = [torch.rand(1, 2, 5, 5).softmax(-1)] * 3
+    attention_flow(att, rows=[0, 2], progress=True)
+    assert "10/10" in capsys.readouterr().err  # 2 rows x 5 tokens
+    mask = torch.tensor([[1, 1, 1, 0, 0]])
+    attention_flow(att, rows="all", attention_mask=mask, progress=True)
+    assert "9/9" in capsys.readouterr().err  # 3 real rows x 3 real tokens
 
 
 def test_flow_bad_input(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -34,11 +34,13 @@ Shape letters: ``N`` layers, ``B`` batch, ``R`` rows, ``L`` length.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from handformer.inspect.rollout import check_attentions, residual_attention
 
@@ -112,10 +114,12 @@ class _LayerGraph:
         self.G = G
         self.R = nx.algorithms.flow.build_residual_network(G, "capacity")
 
-    def row(self, i: int, flow_func: Callable[..., Any]) -> list[int]:
-        """Max-flow values (integers) from output position ``i`` to every input token."""
+    def row(self, i: int, flow_func: Callable[..., Any], bar: Any) -> list[int]:
+        """Max-flow values (integers) from output position ``i`` to every input token
+        (``bar.update(1)`` after each)."""
         N, L, R = self.N, self.L, self.R
         if N == 1:  # one edge from (1, i) to (0, j)
+            bar.update(L)
             return self.caps[0][i].tolist()
         for k, w in enumerate(self.caps[N - 1][i].tolist()):
             R["s"][(N - 1, k)]["capacity"] = w
@@ -126,14 +130,31 @@ class _LayerGraph:
                 R[(1, m)]["t"]["capacity"] = w
             values.append(flow_func(self.G, "s", "t", capacity="capacity",
                                     residual=R).graph["flow_value"])
+            bar.update(1)
         return values
+
+
+def _solve(nx: Any, mats: Tensor, keep: Tensor, row_list: list[int],
+           flow_func: Callable[..., Any], bar: Any, out: Tensor) -> None:
+    """Fill ``out`` ``(B, R, L)`` with the flows of every batch element's real tokens."""
+    for b in range(keep.shape[0]):
+        real = keep[b].nonzero().flatten().tolist()  # positions of real tokens
+        index = {p: k for k, p in enumerate(real)}
+        sub = mats[:, b][:, real][:, :, real]  # (N, L_real, L_real)
+        graph = _LayerGraph(nx, [torch.round(m * SCALE).to(torch.int64) for m in sub])
+        for r, pos in enumerate(row_list):
+            if pos not in index:
+                continue  # a padding row: nothing flows
+            values = graph.row(index[pos], flow_func, bar)
+            out[b, r, real] = torch.tensor(values, dtype=torch.float64) / SCALE
 
 
 def attention_flow(attentions: object, *, rows: int | Sequence[int] | str = 0,
                    layers: Sequence[int] | None = None, head_fusion: str = "mean",
                    residual: float = 0.5, attention_mask: Tensor | None = None,
                    normalize: bool = False, max_tokens: int = MAX_TOKENS,
-                   flow_func: Callable[..., Any] | None = None) -> Tensor:
+                   flow_func: Callable[..., Any] | None = None,
+                   progress: bool | None = None) -> Tensor:
     """Attention flow from output positions to input tokens (one max-flow per pair).
 
     Args:
@@ -154,6 +175,8 @@ def attention_flow(attentions: object, *, rows: int | Sequence[int] | str = 0,
             to wait longer (see the module docstring for times).
         flow_func: a networkx max-flow function (default
             ``networkx.algorithms.flow.shortest_augmenting_path``).
+        progress: a progress bar over the max-flow problems (default: when there are more
+            than 256 and stderr is a terminal).
 
     Returns:
         ``(B, R, L)`` in the attentions' dtype (float32 for half precision):
@@ -185,16 +208,11 @@ def attention_flow(attentions: object, *, rows: int | Sequence[int] | str = 0,
     if flow_func is None:
         flow_func = nx.algorithms.flow.shortest_augmenting_path
     out = torch.zeros(B, len(row_list), L, dtype=torch.float64)
-    for b in range(B):
-        real = keep[b].nonzero().flatten().tolist()  # positions of real tokens
-        index = {p: k for k, p in enumerate(real)}
-        sub = mats[:, b][:, real][:, :, real]  # (N, L_real, L_real)
-        graph = _LayerGraph(nx, [torch.round(m * SCALE).to(torch.int64) for m in sub])
-        for r, pos in enumerate(row_list):
-            if pos not in index:
-                continue  # a padding row: nothing flows
-            values = graph.row(index[pos], flow_func)
-            out[b, r, real] = torch.tensor(values, dtype=torch.float64) / SCALE
+    real_rows = keep[:, row_list].sum(dim=1)  # (B,) rows that are real tokens
+    problems = int((real_rows * keep.sum(dim=1)).sum())
+    show = (problems > 256 and sys.stderr.isatty()) if progress is None else progress
+    with tqdm(total=problems, desc="attention flow", unit="max-flow", disable=not show) as bar:
+        _solve(nx, mats, keep, row_list, flow_func, bar, out)
     if normalize:
         total = out.sum(dim=-1, keepdim=True)  # (B, R, 1)
         out = out / torch.where(total > 0, total, torch.ones_like(total))
