@@ -59,7 +59,7 @@ def test_logit_lens_matches_transformers_gpt2(tmp_path: Path) -> None:
                                          n_head=2)
         ref = transformers.GPT2LMHeadModel(config).eval()
         ref.save_pretrained(tmp_path, safe_serialization=True)
-    model, _ = load_gpt2(tmp_path)
+    model, _ = load_gpt2(tmp_path, tokenizer=False)
     ids = torch.randint(0, 50, (2, 8))
     with torch.inference_mode():
         hidden = ref(ids, output_hidden_states=True).hidden_states  # embeddings + 3 layers
