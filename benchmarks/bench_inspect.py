@@ -161,7 +161,7 @@ def main(names: list[str]) -> int:
     for name in PARTS:  # a fixed order, whatever was run this time
         if name in parts:
             markdown += parts[name]["markdown"]  # type: ignore[index]
-    write_results("inspect", {"parts": parts}, "\n".join(markdown))
+    write_results("inspect", {"machine": machine(), "parts": parts}, "\n".join(markdown))
     return 0
 
 
