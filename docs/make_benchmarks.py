@@ -371,6 +371,14 @@ def section_serve(data: dict) -> list[str]:
             "", reproduce("bench_serve.py"), ""]
 
 
+def section_inspect(data: dict) -> list[str]:
+    """``bench_inspect.py`` writes one entry per part, each with its own markdown lines."""
+    out = ["## Looking inside (`handformer.inspect`)", ""]
+    for part in data["parts"].values():
+        out += [machine_line(part), "", *part["markdown"]]
+    return out + [reproduce("bench_inspect.py"), ""]
+
+
 SECTIONS: list[tuple[str, str, Callable[[dict], list[str]]]] = [
     ("variants", "bench_variants.py", section_variants),
     ("core", "bench_core.py", section_core),
@@ -379,6 +387,7 @@ SECTIONS: list[tuple[str, str, Callable[[dict], list[str]]]] = [
     ("decode", "bench_decode.py", section_decode),
     ("viz", "bench_viz.py", section_viz),
     ("serve", "bench_serve.py", section_serve),
+    ("inspect", "bench_inspect.py", section_inspect),
 ]
 
 

@@ -114,6 +114,11 @@ class MultiHeadAttention(nn.Module):
         B, L, _ = x.shape
         return x.view(B, L, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, L, D)
 
+    def merge_heads(self, x: Tensor) -> Tensor:
+        """``(B, H, L, D)`` -> ``(B, L, E)`` (the transpose back the seed warns about)."""
+        B, H, L, D = x.shape
+        return x.transpose(1, 2).reshape(B, L, H * D)  # (B, L, E)
+
     def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None, *,
                 mask: Tensor | None = None, causal: bool = False,
                 need_weights: bool = False, cache: LayerCache | None = None,

@@ -70,6 +70,7 @@ def viewer_payload(attentions: object, tokens: Sequence[str], *, pattern: object
                    pattern_label: str | None = None, key_tokens: Sequence[str] | None = None,
                    note: str | None = None, layer: int = 0, head: int = 0,
                    view: str = "heat", cmap: str = "viridis",
+                   rollout: dict[str, object] | None = None,
                    compress: bool = True) -> dict[str, object]:
     """The data the viewer draws, as a JSON-ready dict (see :func:`save_html` for the
     arguments): what a page passes to ``window.hfViewer.render(data)``. ``compress=False``
@@ -100,6 +101,7 @@ def viewer_payload(attentions: object, tokens: Sequence[str], *, pattern: object
         "layer": layer, "head": head, "view": view, "note": note,
         "colormap": _colormap_bytes(cmap), **encode_weights(x, compress=compress),
         "pattern": None,
+        "rollout": rollout,  # handformer.viz.rollout_view.rollout_payload(), for rollout.js
     }
     if allowed is not None:
         bits = np.packbits(allowed.reshape(-1))  # (ceil(L_q * L_k / 8),)
@@ -114,7 +116,7 @@ def render_html(attentions: object, tokens: Sequence[str], *, title: str | None 
                 pattern: object = None, pattern_label: str | None = None,
                 key_tokens: Sequence[str] | None = None, note: str | None = None,
                 layer: int = 0, head: int = 0, view: str = "heat",
-                cmap: str = "viridis") -> str:
+                cmap: str = "viridis", rollout: dict[str, object] | None = None) -> str:
     """Build the viewer page as a string (see :func:`save_html` for the arguments).
 
     Returns:
@@ -125,7 +127,7 @@ def render_html(attentions: object, tokens: Sequence[str], *, title: str | None 
     """
     payload = viewer_payload(attentions, tokens, pattern=pattern, pattern_label=pattern_label,
                              key_tokens=key_tokens, note=note, layer=layer, head=head,
-                             view=view, cmap=cmap)
+                             view=view, cmap=cmap, rollout=rollout)
     return viewer_page(payload, title=title)
 
 
@@ -137,7 +139,8 @@ def viewer_page(payload: dict[str, object], *, title: str | None = None) -> str:
     """
     title = title or "Attention"
     parts = {"TITLE": html.escape(title), "CSS": _asset("viewer.css"),
-             "JS": _asset("viewer.js"), "DATA": _json_for_script(payload)}
+             "JS": _asset("viewer.js") + "\n" + _asset("rollout.js"),
+             "DATA": _json_for_script(payload)}
     return _PLACEHOLDER.sub(lambda m: parts[m.group(1)], _asset("viewer.html"))
 
 
@@ -145,7 +148,7 @@ def save_html(attentions: object, tokens: Sequence[str], path: str | os.PathLike
               title: str | None = None, pattern: object = None,
               pattern_label: str | None = None, key_tokens: Sequence[str] | None = None,
               note: str | None = None, layer: int = 0, head: int = 0, view: str = "heat",
-              cmap: str = "viridis") -> Path:
+              cmap: str = "viridis", rollout: dict[str, object] | None = None) -> Path:
     """Write the interactive viewer as one self-contained HTML file (atomically).
 
     The page has a heat-map view (canvas; stays fast at 512 tokens), a head view (lines from
@@ -168,6 +171,8 @@ def save_html(attentions: object, tokens: Sequence[str], path: str | os.PathLike
         head: the head shown first in the heat map (-1 = mean of heads).
         view: the view shown first: ``"heat"``, ``"head"`` or ``"model"``.
         cmap: a matplotlib colour map name for the heat maps.
+        rollout: a rollout view under the others
+            (:func:`handformer.viz.rollout_view.rollout_payload`).
 
     Returns:
         The path written.
@@ -178,5 +183,5 @@ def save_html(attentions: object, tokens: Sequence[str], path: str | os.PathLike
     """
     page = render_html(attentions, tokens, title=title, pattern=pattern,
                        pattern_label=pattern_label, key_tokens=key_tokens, note=note,
-                       layer=layer, head=head, view=view, cmap=cmap)
+                       layer=layer, head=head, view=view, cmap=cmap, rollout=rollout)
     return write_atomic(path, page.encode("utf-8"))
