@@ -249,9 +249,24 @@ def inside_heads() -> None:
     save_figure(fig, IMG / "inside_heads.png")
 
 
+def inside_rollout() -> None:
+    """Chapter 10: one head (one hop) beside the attention rollout after 3 and after 6 layers."""
+    from handformer.inspect import attention_rollout
+
+    attentions, tokens = bert_attention()
+    fig = new_figure(17.5, 6.2)
+    panels = fig.subplots(1, 3)
+    plot_attention(attentions[3][0, 1], tokens, ax=panels[0],
+                   title="layer 3, head 1: one hop")
+    for ax, depth in zip(panels[1:], (3, 6), strict=True):
+        rollout = attention_rollout(attentions, layers=range(depth))[0]  # (L, L)
+        plot_attention(rollout, tokens, ax=ax, title=f"rollout up to layer {depth - 1}")
+    save_figure(fig, IMG / "inside_rollout.png")
+
+
 FIGURES = {"seed_attention": seed_attention, "seed_variants": seed_variants,
            "patterns": patterns, "reverse_training": reverse_training,
-           "inside_heads": inside_heads}
+           "inside_heads": inside_heads, "inside_rollout": inside_rollout}
 
 
 def main(names: list[str]) -> int:
