@@ -205,7 +205,7 @@ class MultiHeadAttention(nn.Module):
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         dtype = self.q_proj.weight.dtype
-        if query.dtype != dtype:
+        if query.dtype != dtype and not torch.is_autocast_enabled(query.device.type):
             raise TypeError(
                 f"query has dtype {query.dtype} but MultiHeadAttention's weights are {dtype}: "
                 f"cast the input (x.to({dtype})) or the module (module.to({query.dtype}), "

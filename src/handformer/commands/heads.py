@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
+
+from handformer.commands.common import UsageError, add_device_argument, resolve_device
 
 NAME = "heads"
 HELP = ("Ablate every attention head in turn and show its effect on the cosine similarity "
@@ -21,11 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="DIR", default="heads",
                         help="folder for heads.png (default ./heads)")
     parser.add_argument("--top", type=int, default=5, help="heads to print (default 5)")
+    add_device_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from handformer.cli import UsageError
-
     if args.top < 1:
         raise UsageError(f"--top must be at least 1, got {args.top}")
     for name, text in (("TEXT_A", args.text_a), ("TEXT_B", args.text_b)):
@@ -37,9 +39,12 @@ def run(args: argparse.Namespace) -> int:
     from handformer.viz.head_effects import plot_head_effects
     from handformer.viz.heatmap import save_figure
 
+    device = resolve_device(args.device)
     model, tokenizer = load_bert(args.model)
+    model.to(device)
     result = pair_similarity_effects(model, tokenizer, args.text_a, args.text_b,
                                      mode=args.mode)
+    result = dataclasses.replace(result, effects=result.effects.cpu())  # for the plot
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     fig = plot_head_effects(result.effects, top=args.top,
