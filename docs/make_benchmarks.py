@@ -355,6 +355,14 @@ def section_viz(data: dict) -> list[str]:
     return out + ["", reproduce("bench_viz.py"), ""]
 
 
+def section_inspect(data: dict) -> list[str]:
+    """``bench_inspect.py`` writes one entry per part, each with its own markdown lines."""
+    out = ["## Looking inside (`handformer.inspect`)", ""]
+    for part in data["parts"].values():
+        out += [machine_line(part), "", *part["markdown"]]
+    return out + [reproduce("bench_inspect.py"), ""]
+
+
 SECTIONS: list[tuple[str, str, Callable[[dict], list[str]]]] = [
     ("variants", "bench_variants.py", section_variants),
     ("core", "bench_core.py", section_core),
@@ -362,6 +370,7 @@ SECTIONS: list[tuple[str, str, Callable[[dict], list[str]]]] = [
     ("train", "bench_train.py", section_train),
     ("decode", "bench_decode.py", section_decode),
     ("viz", "bench_viz.py", section_viz),
+    ("inspect", "bench_inspect.py", section_inspect),
 ]
 
 

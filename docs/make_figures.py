@@ -95,9 +95,10 @@ def seed_variants() -> None:
         ("seed linear_attention", seed_linear),
     ]
     bottom = [
-        ("hf.local_attention(w=3)", hf.local_attention(q, k, v, 3, need_weights=True)[1]),
+        ("hf.local_attention(w=3)",
+         hf.local_attention(q, k, v, window_size=3, need_weights=True)[1]),
         ("hf.strided_attention(stride=4)",
-         hf.strided_attention(q, k, v, 4, need_weights=True)[1]),
+         hf.strided_attention(q, k, v, stride=4, need_weights=True)[1]),
         ("hf.linear_attention", hf.linear_attention(q, k, v, need_weights=True)[1]),
     ]
     fig = new_figure(11.5, 7.6)

@@ -82,7 +82,7 @@ def test_lm_run_loads_back_and_guards_its_folder(text_file: Path, tmp_path: Path
     argv = ["lm", "--text", str(text_file), "--block-size", "16", "--steps", "30",
             "--batch-size", "8", "--warmup", "5", "--eval-every", "15", "--eval-size", "16",
             "--grad-accum", "2", "--label-smoothing", "0.1", "--positional", "rotary",
-            "--attention", "local", "--window-size", "4", *TINY]
+            "--attention", "local", "--window-size", "5", *TINY]
     assert main(["train", *argv, "--out", str(run_dir)]) == 0
     assert "finished at step 30" in capsys.readouterr().out
     for name in ("train.json", "config.json", "model.safetensors", "vocab.json",

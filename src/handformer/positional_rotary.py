@@ -21,7 +21,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from handformer.layers import check_positive_int
+from handformer.checks import check_positive_int
 
 __all__ = ["RotaryEmbedding", "ALiBi", "alibi_slopes"]
 

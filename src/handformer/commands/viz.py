@@ -5,7 +5,10 @@ Writes into ``--out`` (default ``./attention/``):
 * ``head.png``  - one head's heat map (tokens on both axes, colour bar, layer/head in the
   title; with ``--attention local|strided`` the pattern of reachable keys beside it);
 * ``model.png`` - every layer x head as thumbnails;
-* ``index.html`` - the self-contained interactive viewer (no network).
+* ``index.html`` - the self-contained interactive viewer (no network);
+* with ``--rollout``: ``rollout.png`` - attention rollout, and the [CLS] row (a causal LM's
+  last token) scored by raw attention, rollout and attention flow; index.html gets a
+  rollout view.
 
 and prints the paths and one line per layer: the token that gets the most attention and the
 strongest link between two ordinary tokens. Notes (text cut to the model's limit, glyphs the
@@ -57,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--global-tokens", type=int, default=None,
                         help="leading tokens every query sees with --attention strided "
                              "(default 1: [CLS])")
+    parser.add_argument("--rollout", action="store_true",
+                        help="also write rollout.png (attention rollout and flow) and add a "
+                             "rollout view to index.html")
     add_device_argument(parser)
 
 
@@ -270,16 +276,24 @@ def run(args: argparse.Namespace) -> int:
         model_png = save_figure(plot_heads(attentions, tokens, title=f"{r.name}: every "
                                            f"head ({r.kind_text}), each scaled to its maximum"),
                                 out / "model.png")
+        rollout_png, rollout = None, None
+        if args.rollout:
+            from handformer.commands.viz_rollout import draw_rollout
+
+            rollout_png, rollout = draw_rollout(attentions, tokens, out, name=r.name,
+                                                causal=_causal_folder(args.model))
     glyphs = [w for w in caught if issubclass(w.category, MissingGlyphWarning)]
     if glyphs:
         note(str(glyphs[0].message))
     html_path = save_html(attentions, tokens, out / "index.html",
                           title=f"Attention of {r.name}: {short}",
                           pattern=r.pattern, pattern_label=r.pattern_label,
-                          note=f"{r.name} · {r.kind_text}", layer=layer, head=head)
+                          note=f"{r.name} · {r.kind_text}", layer=layer, head=head,
+                          rollout=rollout)
 
-    for path in (head_png, model_png, html_path):
-        print(f"wrote {path}")
+    for path in (head_png, model_png, rollout_png, html_path):
+        if path is not None:
+            print(f"wrote {path}")
     print(f"{L} tokens, {N} layer{'s' * (N != 1)} x {H} head{'s' * (H != 1)}; head.png shows "
           f"layer {layer}, head {head}")
     for s in summaries:

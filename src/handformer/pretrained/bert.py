@@ -26,8 +26,9 @@ import torch
 from torch import Tensor, nn
 
 from handformer.attention.kinds import AttentionKind
+from handformer.checks import check_dropout, check_positive_int
 from handformer.hooks import HookPoint
-from handformer.layers import EncoderLayer, check_attention, check_dropout, check_positive_int
+from handformer.layers import EncoderLayer, check_attention
 from handformer.masks import from_hf_attention_mask
 from handformer.models.encoder import Encoder
 from handformer.pretrained.bert_keys import bert_key_map

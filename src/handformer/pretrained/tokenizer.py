@@ -103,6 +103,10 @@ class BertTokenizer:
         """Number of tokens in the vocabulary."""
         return self._tokenizer.get_vocab_size()
 
+    def token_to_id(self, token: str) -> int | None:
+        """The id of one vocabulary entry (e.g. ``"[MASK]"``), or None if it has none."""
+        return self._tokenizer.token_to_id(token)
+
     def tokens(self, text: str, text_pair: str | None = None) -> list[str]:
         """The token strings of one text (with ``[CLS]``/``[SEP]``), e.g. heat-map labels.
 

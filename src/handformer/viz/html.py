@@ -68,7 +68,7 @@ def render_html(attentions: object, tokens: Sequence[str], *, title: str | None 
                 pattern: object = None, pattern_label: str | None = None,
                 key_tokens: Sequence[str] | None = None, note: str | None = None,
                 layer: int = 0, head: int = 0, view: str = "heat",
-                cmap: str = "viridis") -> str:
+                cmap: str = "viridis", rollout: dict[str, object] | None = None) -> str:
     """Build the viewer page as a string (see :func:`save_html` for the arguments).
 
     Returns:
@@ -95,6 +95,7 @@ def render_html(attentions: object, tokens: Sequence[str], *, title: str | None 
         "version": 1, "tokens": toks, "key_tokens": keys, "layers": N, "heads": H,
         "layer": layer, "head": head, "view": view, "note": note,
         "colormap": _colormap_bytes(cmap), **encode_weights(x), "pattern": None,
+        "rollout": rollout,  # handformer.viz.rollout_view.rollout_payload(), for rollout.js
     }
     if allowed is not None:
         bits = np.packbits(allowed.reshape(-1))  # (ceil(L_q * L_k / 8),)
@@ -104,7 +105,8 @@ def render_html(attentions: object, tokens: Sequence[str], *, title: str | None 
         }
     title = title or "Attention"
     parts = {"TITLE": html.escape(title), "CSS": _asset("viewer.css"),
-             "JS": _asset("viewer.js"), "DATA": _json_for_script(payload)}
+             "JS": _asset("viewer.js") + "\n" + _asset("rollout.js"),
+             "DATA": _json_for_script(payload)}
     return _PLACEHOLDER.sub(lambda m: parts[m.group(1)], _asset("viewer.html"))
 
 
@@ -112,7 +114,7 @@ def save_html(attentions: object, tokens: Sequence[str], path: str | os.PathLike
               title: str | None = None, pattern: object = None,
               pattern_label: str | None = None, key_tokens: Sequence[str] | None = None,
               note: str | None = None, layer: int = 0, head: int = 0, view: str = "heat",
-              cmap: str = "viridis") -> Path:
+              cmap: str = "viridis", rollout: dict[str, object] | None = None) -> Path:
     """Write the interactive viewer as one self-contained HTML file (atomically).
 
     The page has a heat-map view (canvas; stays fast at 512 tokens), a head view (lines from
@@ -135,6 +137,8 @@ def save_html(attentions: object, tokens: Sequence[str], path: str | os.PathLike
         head: the head shown first in the heat map (-1 = mean of heads).
         view: the view shown first: ``"heat"``, ``"head"`` or ``"model"``.
         cmap: a matplotlib colour map name for the heat maps.
+        rollout: a rollout view under the others
+            (:func:`handformer.viz.rollout_view.rollout_payload`).
 
     Returns:
         The path written.
@@ -145,5 +149,5 @@ def save_html(attentions: object, tokens: Sequence[str], path: str | os.PathLike
     """
     page = render_html(attentions, tokens, title=title, pattern=pattern,
                        pattern_label=pattern_label, key_tokens=key_tokens, note=note,
-                       layer=layer, head=head, view=view, cmap=cmap)
+                       layer=layer, head=head, view=view, cmap=cmap, rollout=rollout)
     return write_atomic(path, page.encode("utf-8"))
