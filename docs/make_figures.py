@@ -251,17 +251,18 @@ def inside_heads() -> None:
 
 
 def inside_rollout() -> None:
-    """Chapter 10: one head (one hop) beside the attention rollout after 3 and after 6 layers."""
-    from handformer.inspect import attention_rollout
+    """Chapter 10: the rollout through all layers, and the row of "it" by head (5, 11), by
+    rollout and by attention flow."""
+    from handformer.inspect import attention_flow, attention_rollout
+    from handformer.viz import plot_rollout
 
     attentions, tokens = bert_attention()
-    fig = new_figure(17.5, 6.2)
-    panels = fig.subplots(1, 3)
-    plot_attention(attentions[3][0, 1], tokens, ax=panels[0],
-                   title="layer 3, head 1: one hop")
-    for ax, depth in zip(panels[1:], (3, 6), strict=True):
-        rollout = attention_rollout(attentions, layers=range(depth))[0]  # (L, L)
-        plot_attention(rollout, tokens, ax=ax, title=f"rollout up to layer {depth - 1}")
+    it = tokens.index("it")
+    fig = plot_rollout(attention_rollout(attentions)[0], tokens, row=it,
+                       raw=attentions[5][0, 11, it],
+                       flow=attention_flow(attentions, rows=it)[0, 0],
+                       title="all-MiniLM-L6-v2: where the final 'it' comes from "
+                             "(raw = layer 5, head 11)")
     save_figure(fig, IMG / "inside_rollout.png")
 
 
