@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
+from browser_util import start_chromium
 from handformer.inspect import attention_flow, attention_rollout
 from handformer.pretrained import load_bert
 from handformer.viz import rollout_payload, save_html
@@ -16,26 +15,11 @@ from handformer.viz import rollout_payload, save_html
 pytestmark = pytest.mark.browser
 
 SEED = "The animal didn't cross the street because it was too tired"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 
 
 @pytest.fixture(scope="module")
 def driver():  # noqa: ANN201 - a selenium WebDriver
-    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-        pytest.fail("headless Chromium is missing: run `make browser-deps` (apt-get install "
-                    "chromium chromium-driver)")
-    os.environ["SE_OFFLINE"] = "true"  # selenium-manager must never download anything
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1300,950", "--disable-extensions"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    d = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    d = start_chromium()
     yield d
     d.quit()
 

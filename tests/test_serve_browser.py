@@ -10,13 +10,13 @@ text, the console stays clean, and every request the page makes goes to the serv
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
+from browser_util import start_chromium
 from handformer.pretrained import embed, load_bert
 from serve_util import Server, causal_folder, cosine, zero_heads
-from test_viewer_browser import CHROMEDRIVER, CHROMIUM, canvas_hash, severe, wait_for
+from test_viewer_browser import canvas_hash, severe, wait_for
 
 pytestmark = pytest.mark.browser
 
@@ -25,23 +25,8 @@ PAIR = "A fast fox leaps over a sleepy hound"
 
 
 @pytest.fixture(scope="module")
-def driver():
-    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-        pytest.fail("headless Chromium is missing: run `make browser-deps` (apt-get install "
-                    "chromium chromium-driver)")
-    os.environ["SE_OFFLINE"] = "true"  # selenium-manager must never download anything
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1300,950", "--disable-extensions",
-                "--disable-background-networking", "--disable-component-update",
-                "--disable-sync", "--no-first-run", "--disable-default-apps"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    d = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+def driver():  # noqa: ANN201 - a selenium WebDriver
+    d = start_chromium(performance_log=True)
     yield d
     d.quit()
 
