@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test bench lint docs clean install test-deps browser-deps
+.PHONY: demo test bench lint docs notebooks clean install test-deps browser-deps
 
 $(VENV)/.installed: pyproject.toml requirements/torch.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,10 @@ bench: $(VENV)/.test-installed
 docs: $(VENV)/.installed
 	MPLBACKEND=Agg $(PY) docs/make_figures.py
 	MPLBACKEND=Agg $(PY) docs/make_benchmarks.py
+
+# docs/notebooks/tutorial.{en,zh}.ipynb from the Markdown tutorials (jupytext), without outputs.
+notebooks: $(VENV)/.test-installed
+	$(PY) docs/make_notebooks.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

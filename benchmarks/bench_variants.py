@@ -61,8 +61,8 @@ TARGETS = {
 
 KINDS: dict[str, Callable[..., torch.Tensor]] = {
     "full": lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
-    "local": lambda q, k, v: local_attention(q, k, v, WINDOW)[0],
-    "strided": lambda q, k, v: strided_attention(q, k, v, STRIDE)[0],
+    "local": lambda q, k, v: local_attention(q, k, v, window_size=WINDOW)[0],
+    "strided": lambda q, k, v: strided_attention(q, k, v, stride=STRIDE)[0],
     "linear": lambda q, k, v: linear_attention(q, k, v)[0],
     "linear_causal": lambda q, k, v: linear_attention(q, k, v, causal=True)[0],
 }

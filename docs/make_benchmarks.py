@@ -391,6 +391,30 @@ def section_viz(data: dict) -> list[str]:
     return out + ["", reproduce("bench_viz.py"), ""]
 
 
+def section_serve(data: dict) -> list[str]:
+    short, long, rps = data["run_15"], data["run_512"], data["requests_per_s"]
+    met = {True: "met", False: "missed"}
+    return ["## Live web app (`handformer serve`)", "", machine_line(data), "",
+            f"- `/api/run` on 15 tokens (server in its own process, httpx over 127.0.0.1): "
+            f"p50 {short['http_p50_ms']:.1f} ms, p95 {short['http_p95_ms']:.1f} ms; the direct "
+            f"call `model(**tokenizer([text]), need_weights=True)` p50 "
+            f"{short['direct_p50_ms']:.1f} ms. Target p50 <= 1.5 x direct + 10 ms = "
+            f"{short['budget_ms']:.1f} ms ({met[short['within_target']]}).",
+            f"- {rps['clients_8']:.1f} requests/s with 8 concurrent clients "
+            f"({rps['clients_1']:.1f} with one).",
+            f"- 512 tokens: {long['http_s']:.2f} s against {long['direct_s']:.2f} s direct, "
+            f"{long['ratio']:.2f}x (target <= 2x, {met[long['within_target']]}).",
+            "", reproduce("bench_serve.py"), ""]
+
+
+def section_inspect(data: dict) -> list[str]:
+    """``bench_inspect.py`` writes one entry per part, each with its own markdown lines."""
+    out = ["## Looking inside (`handformer.inspect`)", ""]
+    for part in data["parts"].values():
+        out += [machine_line(part), "", *part["markdown"]]
+    return out + [reproduce("bench_inspect.py"), ""]
+
+
 SECTIONS: list[tuple[str, str, Callable[[dict], list[str]]]] = [
     ("variants", "bench_variants.py", section_variants),
     ("core", "bench_core.py", section_core),
@@ -398,6 +422,8 @@ SECTIONS: list[tuple[str, str, Callable[[dict], list[str]]]] = [
     ("train", "bench_train.py", section_train),
     ("decode", "bench_decode.py", section_decode),
     ("viz", "bench_viz.py", section_viz),
+    ("serve", "bench_serve.py", section_serve),
+    ("inspect", "bench_inspect.py", section_inspect),
 ]
 
 

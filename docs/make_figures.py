@@ -95,9 +95,10 @@ def seed_variants() -> None:
         ("seed linear_attention", seed_linear),
     ]
     bottom = [
-        ("hf.local_attention(w=3)", hf.local_attention(q, k, v, 3, need_weights=True)[1]),
+        ("hf.local_attention(w=3)",
+         hf.local_attention(q, k, v, window_size=3, need_weights=True)[1]),
         ("hf.strided_attention(stride=4)",
-         hf.strided_attention(q, k, v, 4, need_weights=True)[1]),
+         hf.strided_attention(q, k, v, stride=4, need_weights=True)[1]),
         ("hf.linear_attention", hf.linear_attention(q, k, v, need_weights=True)[1]),
     ]
     fig = new_figure(11.5, 7.6)
@@ -213,8 +214,61 @@ def reverse_training() -> None:
     save_figure(fig, IMG / "reverse_training.png")
 
 
+# ---- chapter 10: looking inside -------------------------------------------------------------
+
+def leans_to_animal_metric(it: int, animal: int, street: int):  # noqa: ANN201 - a metric
+    """Chapter 10's metric: cos(final "it", final "animal") - cos(final "it", final "street")."""
+    def metric(out) -> torch.Tensor:  # noqa: ANN001 - a BertModel output
+        h = out.last_hidden_state[0]  # (L, E)
+        return (torch.cosine_similarity(h[it], h[animal], dim=0)
+                - torch.cosine_similarity(h[it], h[street], dim=0))
+    return metric
+
+
+def inside_heads() -> None:
+    """Chapter 10: the weight from "it" to "animal" in every head, and how much of the clean
+    answer each head restores when patched from the "tired" run into the "wide" run."""
+    from handformer.inspect import patching_sweep, run_with_cache
+    from handformer.pretrained import load_bert
+    from handformer.viz.head_effects import plot_head_effects
+
+    model, tokenizer = load_bert()
+    tokens = tokenizer.tokens(SENTENCE)
+    it, animal, street = (tokens.index(w) for w in ("it", "animal", "street"))
+    clean = tokenizer([SENTENCE])
+    wide = tokenizer([SENTENCE.replace("tired", "wide")])
+    with torch.no_grad():
+        _, cache = run_with_cache(model, clean, names="blocks.*.attn.hook_pattern")
+    to_animal = cache.stack("pattern")[:, 0, :, it, animal]  # (layers, heads)
+    restored = patching_sweep(model, clean, wide, leans_to_animal_metric(it, animal, street))
+    fig = new_figure(15.5, 4.4)
+    left, right = fig.subplots(1, 2)
+    plot_head_effects(to_animal, ax=left, top=2, label="attention weight",
+                      title='attention from "it" to "animal" (read from the cache)')
+    plot_head_effects(restored, ax=right, top=4, label="change of leans_to_animal",
+                      title='patching each head of the "tired" run into the "wide" run')
+    save_figure(fig, IMG / "inside_heads.png")
+
+
+def inside_rollout() -> None:
+    """Chapter 10: the rollout through all layers, and the row of "it" by head (5, 11), by
+    rollout and by attention flow."""
+    from handformer.inspect import attention_flow, attention_rollout
+    from handformer.viz import plot_rollout
+
+    attentions, tokens = bert_attention()
+    it = tokens.index("it")
+    fig = plot_rollout(attention_rollout(attentions)[0], tokens, row=it,
+                       raw=attentions[5][0, 11, it],
+                       flow=attention_flow(attentions, rows=it)[0, 0],
+                       title="all-MiniLM-L6-v2: where the final 'it' comes from "
+                             "(raw = layer 5, head 11)")
+    save_figure(fig, IMG / "inside_rollout.png")
+
+
 FIGURES = {"seed_attention": seed_attention, "seed_variants": seed_variants,
-           "patterns": patterns, "reverse_training": reverse_training}
+           "patterns": patterns, "reverse_training": reverse_training,
+           "inside_heads": inside_heads, "inside_rollout": inside_rollout}
 
 
 def main(names: list[str]) -> int:

@@ -106,7 +106,7 @@ def test_viz_texts(name: str, bert_dir: Path, tmp_path: Path, capsys) -> None:
                                   "--out", str(tmp_path / "v")])
     if name in ("mixed", "long"):
         assert code == 0 and (tmp_path / "v" / "index.html").is_file(), err
-        assert ("longer than the model's limit" in out) == (name == "long")
+        assert ("longer than the model's limit" in err) == (name == "long")
     else:
         assert code == 2
 
@@ -166,7 +166,7 @@ BAD_ARGS = [
     (["generate", "--model", "{lm}"], "the following arguments are required: --prompt"),
     (["generate", "--model", "/nonexistent", "--prompt", "the"], "no config.json in /nonexistent"),
     (["generate", "--model", "{lm}", "--prompt", "the", "--max-new-tokens", "-1"],
-     "max_new_tokens must be an integer >= 0, got -1"),
+     "--max-new-tokens must be an integer >= 0, got -1"),
     (["generate", "--model", "{lm}", "--prompt", "the", "--max-new-tokens", "100000"],
      "exceeds the context max_len=64"),
     (["generate", "--model", "{lm}", "--prompt", "the", "--temperature", "0"],

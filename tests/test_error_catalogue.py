@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import handformer as hf
-from handformer import masks
+from handformer import inspect, masks
 from handformer.cli import main
 from handformer.pretrained import CheckpointError, load_bert
 from handformer.pretrained.gpt2 import load_gpt2
@@ -32,7 +32,7 @@ from handformer.train.checkpoint import load_checkpoint, save_checkpoint
 DOC = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
 ROW = re.compile(r"^\|\s*(\d+)\s*\|(.*)\|\s*$")
 AREAS = {"attention", "masks", "modules", "positional", "loaders", "tokenizer", "generation",
-         "training", "cli"}
+         "training", "cli", "inspect", "serve"}
 
 
 class CLIExit(Exception):  # noqa: N818 - stands for "exit 2 with this stderr line"
@@ -152,6 +152,10 @@ def namespace(tmp: Path) -> dict[str, object]:
             raise CLIExit(code, err.getvalue().strip())
         return 0
 
+    def enc() -> hf.Encoder:
+        """A tiny two-layer encoder (E=8, 2 heads)."""
+        return hf.Encoder(hf.EncoderLayer(8, 2, 16, dropout=0.0), 2).eval()
+
     existing_run = tmp / "existing-run"
     existing_run.mkdir()
     (existing_run / "train.json").write_text("{}")
@@ -159,12 +163,14 @@ def namespace(tmp: Path) -> dict[str, object]:
             "bert": bert, "bert_dir": bert_dir, "gpt2_dir": gpt2_dir, "damaged": damaged,
             "load_bert": load_bert, "load_gpt2": load_gpt2, "TrainConfig": TrainConfig,
             "train": train, "load_checkpoint": load_checkpoint, "checkpoint": checkpoint,
-            "cli": cli, "tmp": tmp, "existing_run": existing_run, "json": json}
+            "cli": cli, "tmp": tmp, "existing_run": existing_run, "json": json,
+            "inspect": inspect, "enc": enc}
 
 
 EXCEPTIONS = {"ValueError": ValueError, "TypeError": TypeError,
               "CheckpointError": CheckpointError, "FileNotFoundError": FileNotFoundError,
-              "UserWarning": UserWarning, "exit": CLIExit}
+              "UserWarning": UserWarning, "exit": CLIExit, "KeyError": KeyError,
+              "HookError": inspect.HookError}
 
 
 def run_row(row: dict[str, str], ns: dict[str, object]) -> BaseException | Warning:

@@ -38,7 +38,7 @@ def test_padded_batch_and_float_key_masks(causal, dtype):
     bias = torch.randn(2, 3, 1, L, dtype=dtype).masked_fill(torch.rand(2, 3, 1, L) > 0.7,
                                                            float("-inf"))
     compare(lambda q, k, v, **kw: linear_attention(q, k, v, causal=causal, **kw),
-            lambda q, k, v: kernel_reference(q, k, v, allowed, key_weight=bias.exp()), L, L,
+            lambda q, k, v: kernel_reference(q, k, v, allowed, key_bias=bias), L, L,
             dtype, mask=bias)
 
 
@@ -137,3 +137,67 @@ def test_kind_pattern_and_validation():
     for bad in (0, -1e-3, "1e-6"):
         with pytest.raises(ValueError, match="eps"):
             LinearAttention(eps=bad)
+
+
+def huge_bias(L: int, dtype: torch.dtype) -> torch.Tensor:
+    """(B, 1, 1, L) key biases: ordinary ones, 1e4 (exp overflows even in float64), -1e4,
+    -inf; the second sequence's first keys are all removed, and its 1e4 keys come late."""
+    g = torch.Generator().manual_seed(1)
+    bias = torch.randn(2, 1, 1, L, generator=g, dtype=torch.float64) * 3
+    bias[0, ..., ::7] = 1e4
+    bias[1, ..., 150::9] = 1e4
+    bias[..., 3::13] = -1e4
+    bias[..., 5::11] = float("-inf")
+    bias[1, ..., :20] = float("-inf")
+    return bias.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("L_q, L_k", [(300, 300), (140, 300), (300, 140)])
+def test_huge_float_biases_are_stable(L_q, L_k, causal, dtype):
+    """A float bias never makes NaN: it acts like a softmax bias (exp(b - max) per query)."""
+    q, k, v = qkv(L_q, L_k, dtype=dtype, requires_grad=True)
+    bias = huge_bias(L_k, dtype)
+    out, w = linear_attention(q, k, v, bias, causal=causal, need_weights=True)
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(w).all()
+    for t in (q, k, v):
+        assert torch.isfinite(t.grad).all()
+    allowed = causal_mask(L_q, L_k) if causal else None
+    ref_out, ref_w = kernel_reference(q, k, v, allowed, key_bias=bias)  # the bias as given
+    tol = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 3e-3,
+           torch.bfloat16: 3e-2}[dtype]
+    torch.testing.assert_close(out.double(), ref_out.detach(), atol=tol, rtol=tol)
+    torch.testing.assert_close(w.double(), ref_w, atol=tol, rtol=tol)
+    if dtype == torch.float64:  # shift-invariant (in float64, where b - 5e3 is still exact)
+        shifted, _ = linear_attention(q, k, v, bias - 5e3, causal=causal)
+        torch.testing.assert_close(shifted, out, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradcheck_through_float_biases(causal):
+    q, k, v = qkv(9, 11, batch=(2,), D=3, D_v=2, requires_grad=True)
+    bias = (torch.randn(2, 1, 11, dtype=torch.float64) * 50).requires_grad_(True)
+    with torch.no_grad():
+        bias[1, 0, 3] = float("-inf")
+    assert torch.autograd.gradcheck(
+        lambda q, k, v, b: linear_attention(q, k, v, b, causal=causal)[0], (q, k, v, bias),
+        fast_mode=True)
+
+
+def test_step_with_float_biases_equals_causal_form():
+    """The recurrent state keeps the running bias maximum: pieces give the one-call result,
+    also after bias-free steps and with 1e4 biases arriving late."""
+    q, k, v = qkv(300, 300)
+    bias = huge_bias(300, torch.float64)
+    bias[..., :40] = 0.0  # the first steps see no float bias at all
+    full, _ = linear_attention(q, k, v, bias, causal=True)
+    state, outs = None, []
+    for t0, t1 in ((0, 40), (40, 41), (41, 170), (170, 300)):
+        mask = None if t1 <= 40 else bias[..., t0:t1]
+        out, state = step(q[..., t0:t1, :], k[..., t0:t1, :], v[..., t0:t1, :], state,
+                          mask=mask)
+        outs.append(out)
+    torch.testing.assert_close(torch.cat(outs, dim=-2), full, atol=1e-10, rtol=0)
+    assert state.bias_max is not None and torch.isfinite(state.kv).all()

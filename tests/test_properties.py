@@ -38,6 +38,11 @@ class Case:
     seed: int
     key_mask: bool
 
+    @property
+    def window(self) -> int:
+        """The local window: ``param`` made odd (local attention refuses even windows)."""
+        return self.param | 1
+
 
 KIND_NAMES = ["full", "local", "strided", "linear"]
 
@@ -56,7 +61,7 @@ def cases(draw, kinds=tuple(KIND_NAMES)):
 def make_kind(c: Case) -> hf.AttentionKind:
     return {
         "full": lambda: hf.FullAttention(),
-        "local": lambda: hf.LocalAttention(c.param),
+        "local": lambda: hf.LocalAttention(c.window),
         "strided": lambda: hf.StridedAttention(c.param, global_tokens=c.param % 3),
         "linear": lambda: hf.LinearAttention(),
     }[c.kind]()
@@ -65,7 +70,7 @@ def make_kind(c: Case) -> hf.AttentionKind:
 def pattern(c: Case) -> torch.Tensor:
     """The kind's allowed (L_q, L_k) pattern, built from its definition."""
     if c.kind == "local":
-        return masks.window_mask(c.L_q, c.L_k, c.param, causal=c.causal)
+        return masks.window_mask(c.L_q, c.L_k, c.window, causal=c.causal)
     if c.kind == "strided":
         return masks.strided_mask(c.L_q, c.L_k, c.param, global_tokens=c.param % 3,
                                   causal=c.causal)

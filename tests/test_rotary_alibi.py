@@ -6,8 +6,11 @@ import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 import handformer as hf
+from handformer import positional_rotary
 from handformer.positional_rotary import alibi_slopes
 
 
@@ -126,3 +129,40 @@ def test_alibi_bias_and_attention_match_formula() -> None:
     torch.testing.assert_close(out, scores.softmax(-1) @ v, atol=1e-12, rtol=0)
     with pytest.raises(ValueError, match="num_heads must be a positive integer"):
         hf.ALiBi(0)
+
+
+class _NoFloat64OnMeta(TorchDispatchMode):
+    """A stand-in for Apple's MPS on machines without one: an operation that makes a float64
+    tensor on the meta device fails the way MPS does ("Cannot convert a MPS Tensor to
+    float64 dtype")."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type == "meta" \
+                    and t.dtype == torch.float64:
+                raise TypeError(f"{func}: cannot make a float64 tensor on this device")
+        return out
+
+
+def test_rotary_and_alibi_run_on_a_device_without_float64(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The angles and the ALiBi bias are computed in float64 where the device has it (CPU,
+    CUDA) and on the CPU otherwise; the float32 results then move to the device."""
+    monkeypatch.delitem(positional_rotary._FLOAT64, "meta", raising=False)  # probe it anew
+    E, H = 16, 2
+    with _NoFloat64OnMeta():
+        q, k = torch.randn(1, H, 5, 8, device="meta"), torch.randn(1, H, 5, 8, device="meta")
+        q2, k2 = hf.RotaryEmbedding(8)(q, k, offset=3)
+        rotated = hf.RotaryEmbedding(8).rotate(q, torch.arange(5))  # positions on the CPU
+        bias = hf.ALiBi(4).to("meta")(5, 7)
+        mha = hf.MultiHeadAttention(E, H, rotary=hf.RotaryEmbedding(E // H)).to("meta")
+        y, _ = mha(torch.randn(2, 5, E, device="meta"), causal=True)  # default positions
+        assert not positional_rotary.has_float64("meta")  # the probe found none
+    for t in (q2, k2, rotated, bias, y):
+        assert t.device.type == "meta" and t.dtype == torch.float32
+    assert bias.shape == (4, 5, 7) and y.shape == (2, 5, E)
+    assert positional_rotary.has_float64("cpu")
+    # The CPU path is the float64 one: the float32 bias equals the float64 formula, cast.
+    torch.testing.assert_close(hf.ALiBi(4)(5, 7), hf.ALiBi(4)(5, 7, dtype=torch.float64).float(),
+                               rtol=0, atol=0)

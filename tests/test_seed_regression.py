@@ -72,7 +72,7 @@ def test_seed_local_attention_looks_everywhere_except_its_window():
     outside = (~window).sum(-1, keepdim=True)  # (L, 1)
     torch.testing.assert_close(seed_w, (~window) / outside * torch.ones_like(seed_w))
     # handformer: all weight inside the window, equal to the dense reference.
-    out, ours = local_attention(q, k, v, w, need_weights=True)
+    out, ours = local_attention(q, k, v, window_size=w, need_weights=True)
     assert ours.masked_select(~window).abs().max() == 0
     torch.testing.assert_close(ours.sum(-1), torch.ones(1, 2, L))
     ref_out, _ = softmax_reference(q, k, v, window)
@@ -93,7 +93,7 @@ def test_seed_sparse_attention_follows_no_sparse_pattern():
                                torch.full_like(seed_w[..., ~marked, :], 1 / L))
     # So every row puts weight on keys outside the strided pattern it describes.
     assert (seed_w.masked_fill(pattern, 0).sum(-1) > 0.1).all()
-    out, ours = strided_attention(q, k, v, s, need_weights=True)
+    out, ours = strided_attention(q, k, v, stride=s, need_weights=True)
     assert ours.masked_select(~pattern).abs().max() == 0
     ref_out, _ = softmax_reference(q, k, v, pattern)
     torch.testing.assert_close(out.double(), ref_out, atol=1e-5, rtol=0)

@@ -24,8 +24,8 @@ CASES = [
 @pytest.mark.parametrize("L_q, L_k, s, g", CASES)
 def test_matches_dense_reference(L_q, L_k, s, g, causal, dtype):
     allowed = strided_mask(L_q, L_k, s, global_tokens=g, causal=causal)
-    compare(lambda q, k, v, **kw: strided_attention(q, k, v, s, global_tokens=g, causal=causal,
-                                                    **kw),
+    compare(lambda q, k, v, **kw: strided_attention(q, k, v, stride=s, global_tokens=g,
+                                                    causal=causal, **kw),
             lambda q, k, v: softmax_reference(q, k, v, allowed), L_q, L_k, dtype)
 
 
@@ -35,7 +35,7 @@ def test_padded_batch_key_masks(causal, dtype):
     L = 137
     keep = padding_keep([137, 50], L)  # (B, 1, 1, L_k)
     allowed = strided_mask(L, L, 12, global_tokens=2, causal=causal) & keep
-    compare(lambda q, k, v, **kw: strided_attention(q, k, v, 12, global_tokens=2,
+    compare(lambda q, k, v, **kw: strided_attention(q, k, v, stride=12, global_tokens=2,
                                                     causal=causal, **kw),
             lambda q, k, v: softmax_reference(q, k, v, allowed), L, L, dtype, mask=keep)
 
@@ -45,17 +45,17 @@ def test_full_bool_and_float_masks(dtype):
     L_q, L_k = 61, 67
     keep = torch.rand(3, L_q, L_k) > 0.4  # per-head masks
     allowed = strided_mask(L_q, L_k, 6, global_tokens=1) & keep
-    compare(lambda q, k, v, **kw: strided_attention(q, k, v, 6, global_tokens=1, **kw),
+    compare(lambda q, k, v, **kw: strided_attention(q, k, v, stride=6, global_tokens=1, **kw),
             lambda q, k, v: softmax_reference(q, k, v, allowed), L_q, L_k, dtype, mask=keep)
     bias = torch.randn(2, 1, L_q, L_k, dtype=dtype)
     bias = bias.masked_fill(torch.rand(2, 1, L_q, L_k) > 0.7, float("-inf"))
     pattern = strided_mask(L_q, L_k, 6, causal=True)
-    compare(lambda q, k, v, **kw: strided_attention(q, k, v, 6, causal=True, **kw),
+    compare(lambda q, k, v, **kw: strided_attention(q, k, v, stride=6, causal=True, **kw),
             lambda q, k, v: softmax_reference(q, k, v, pattern, bias), L_q, L_k, dtype,
             mask=bias)
     row_mask = torch.rand(L_q, 1) > 0.3  # masks whole query rows
     pattern = strided_mask(L_q, L_k, 6, global_tokens=2)
-    compare(lambda q, k, v, **kw: strided_attention(q, k, v, 6, global_tokens=2, **kw),
+    compare(lambda q, k, v, **kw: strided_attention(q, k, v, stride=6, global_tokens=2, **kw),
             lambda q, k, v: softmax_reference(q, k, v, pattern & row_mask), L_q, L_k, dtype,
             mask=row_mask)
 
@@ -64,7 +64,7 @@ def test_full_bool_and_float_masks(dtype):
 def test_empty_rows_are_zero_not_nan(dtype):
     q, k, v = qkv(30, 12, dtype=dtype, requires_grad=True)
     keep = padding_keep([12, 0], 12)
-    out, w = strided_attention(q, k, v, 4, global_tokens=1, causal=True, mask=keep,
+    out, w = strided_attention(q, k, v, stride=4, global_tokens=1, causal=True, mask=keep,
                                need_weights=True)
     out.sum().backward()
     assert not torch.isnan(out).any() and not torch.isnan(w).any()
@@ -81,7 +81,7 @@ def test_gradcheck(causal):
     q, k, v = qkv(8, 10, batch=(2,), D=3, D_v=2, requires_grad=True)
     keep = padding_keep([10, 6], 10).squeeze(1)  # (B, 1, L_k)
     assert torch.autograd.gradcheck(
-        lambda q, k, v: strided_attention(q, k, v, 3, global_tokens=1, mask=keep,
+        lambda q, k, v: strided_attention(q, k, v, stride=3, global_tokens=1, mask=keep,
                                           causal=causal)[0],
         (q, k, v), fast_mode=True)
 
@@ -109,7 +109,7 @@ def test_kind_pattern_and_validation():
         with pytest.raises(ValueError, match="stride"):
             StridedAttention(bad)
         with pytest.raises(ValueError, match="stride"):
-            strided_attention(q, k, v, bad)
+            strided_attention(q, k, v, stride=bad)
     for bad in (-1, 0.5, True):
         with pytest.raises(ValueError, match="global_tokens"):
             StridedAttention(3, global_tokens=bad)
@@ -126,5 +126,5 @@ def test_work_is_subquadratic():
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        strided_attention(q, k, v, s)
+        strided_attention(q, k, v, stride=s)
     assert max(sizes) < L * L // 8

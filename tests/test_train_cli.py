@@ -82,7 +82,7 @@ def test_lm_run_loads_back_and_guards_its_folder(text_file: Path, tmp_path: Path
     argv = ["lm", "--text", str(text_file), "--block-size", "16", "--steps", "30",
             "--batch-size", "8", "--warmup", "5", "--eval-every", "15", "--eval-size", "16",
             "--grad-accum", "2", "--label-smoothing", "0.1", "--positional", "rotary",
-            "--attention", "local", "--window-size", "4", *TINY]
+            "--attention", "local", "--window-size", "5", *TINY]
     assert main(["train", *argv, "--out", str(run_dir)]) == 0
     assert "finished at step 30" in capsys.readouterr().out
     for name in ("train.json", "config.json", "model.safetensors", "vocab.json",
@@ -105,3 +105,39 @@ def test_lm_run_loads_back_and_guards_its_folder(text_file: Path, tmp_path: Path
     err = _error(capsys, ["--resume", str(run_dir), "--d-model", "64"])
     assert "--d-model 64 differs from the run's d_model=32" in err
     assert "sort" in _error(capsys, ["sort", "--resume", str(run_dir)])
+
+
+# ---- issue 16: options that would be ignored are refused ------------------------------------
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["reverse", "--window-size", "5"],
+     "--window-size 5 applies to --attention local, not --attention full; add --attention "
+     "local or leave --window-size out"),
+    (["reverse", "--attention", "linear", "--stride", "3"],
+     "--stride 3 applies to --attention strided, not --attention linear; add --attention "
+     "strided or leave --stride out"),
+    (["reverse", "--attention", "local", "--window-size", "5", "--stride", "3"],
+     "--stride 3 applies to --attention strided, not --attention local"),
+])
+def test_pattern_option_of_another_kind_is_refused_in_cli_words(
+        argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    err = _error(capsys, [*argv, "--out", str(tmp_path / "run")])
+    assert message in err and "leave it None" not in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_resume_with_steps_below_the_runs_step_is_refused(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture) -> None:
+    run_dir = tmp_path / "run"
+    assert main(["train", "reverse", "--steps", "3", "--batch-size", "4", "--eval-size", "4",
+                 *TINY, "--out", str(run_dir)]) == 0
+    capsys.readouterr()
+    saved = (run_dir / "train.json").read_text()
+    err = _error(capsys, ["--resume", str(run_dir), "--steps", "2"])
+    assert ("--steps 2 is below the step the run has reached (3, its newest checkpoint "
+            "step-00000003); a resumed run continues from there: give --steps 4 or more, or "
+            "leave --steps out") in err
+    assert (run_dir / "train.json").read_text() == saved  # the run's options unchanged
+    assert main(["train", "--resume", str(run_dir), "--steps", "3"]) == 0  # done already
+    assert "finished at step 3" in capsys.readouterr().out

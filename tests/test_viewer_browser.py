@@ -7,8 +7,6 @@ where both are, and runs offline, so it never downloads a browser or a driver.
 
 import hashlib
 import io
-import os
-import shutil
 import time
 from pathlib import Path
 
@@ -17,6 +15,7 @@ import pytest
 import torch
 from matplotlib.image import imread
 
+from browser_util import start_chromium
 from handformer.masks import window_mask
 from handformer.pretrained import load_bert
 from handformer.viz import AttentionView, save_html
@@ -24,26 +23,11 @@ from handformer.viz import AttentionView, save_html
 pytestmark = pytest.mark.browser
 
 SEED = "The animal didn't cross the street because it was too tired"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 
 
 @pytest.fixture(scope="module")
-def driver():
-    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-        pytest.fail("headless Chromium is missing: run `make browser-deps` (apt-get install "
-                    "chromium chromium-driver)")
-    os.environ["SE_OFFLINE"] = "true"  # selenium-manager must never download anything
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1300,950", "--disable-extensions"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    d = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+def driver():  # noqa: ANN201 - a selenium WebDriver
+    d = start_chromium()
     yield d
     d.quit()
 

@@ -81,10 +81,10 @@ def test_attention_kinds_show_their_pattern(tmp_path, capsys, kind, extra, label
 
 
 def test_long_text_is_truncated_with_a_notice(tmp_path, capsys):
-    code, out, _ = run(capsys, " ".join([SEED] * 60), "--out", str(tmp_path))
+    code, out, err = run(capsys, " ".join([SEED] * 60), "--out", str(tmp_path))
     assert code == 0
-    assert ("note: the text is longer than the model's limit of 512 tokens; only the first "
-            "512 are shown") in out
+    assert err == ("note: the text is longer than the model's limit of 512 tokens; only the "
+                   "first 512 are shown\n")  # one line, on stderr
     assert "512 tokens, 6 layers x 12 heads" in out
     assert len(payload(tmp_path / "index.html")["tokens"]) == 512
 
@@ -177,7 +177,33 @@ def test_causal_lm_bad_input(char_lm, tmp_path, capsys, argv, message):
 def test_causal_lm_unknown_character_and_long_text(char_lm, tmp_path, capsys):
     code, _, err = run(capsys, "THE ANIMAL", "--model", str(char_lm), "--out", str(tmp_path))
     assert code == 2 and "not in the vocabulary" in err
-    code, out, _ = run(capsys, "abc " * 10, "--model", str(char_lm), "--out", str(tmp_path))
+    code, out, err = run(capsys, "abc " * 10, "--model", str(char_lm), "--out", str(tmp_path))
     assert code == 0
-    assert "note: the text has 40 tokens, more than the model's limit of 24" in out
+    assert "note: the text has 40 tokens, more than the model's limit of 24" in err
     assert len(payload(tmp_path / "index.html")["tokens"]) == 24
+
+
+# ---- issue 16: options of another attention kind are refused, not ignored -------------------
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--window-size", "7"], "--window-size 7 applies to --attention local, not --attention "
+                             "full; add --attention local or leave --window-size out"),
+    (["--attention", "local", "--stride", "4"],
+     "--stride 4 applies to --attention strided, not --attention local; add --attention "
+     "strided or leave --stride out"),
+    (["--attention", "linear", "--global-tokens", "2"],
+     "--global-tokens 2 applies to --attention strided, not --attention linear"),
+])
+def test_pattern_flag_of_another_kind_is_refused(tmp_path, capsys, argv, message):
+    out_dir = tmp_path / "v"
+    code, out, err = run(capsys, SEED, "--out", str(out_dir), *argv)
+    assert code == 2 and out == ""
+    assert err.startswith(f"handformer viz: error: {message}") and err.count("\n") == 1
+    assert not out_dir.exists()  # refused before anything was written
+
+
+def test_pattern_flag_on_a_causal_folder_is_refused(char_lm, tmp_path, capsys):
+    code, _, err = run(capsys, "the animal", "--model", str(char_lm), "--out", str(tmp_path),
+                       "--window-size", "3")
+    assert code == 2 and "--window-size 3 applies to --attention local" in err

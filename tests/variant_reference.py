@@ -40,13 +40,25 @@ def elu1(x: Tensor) -> Tensor:
 
 
 def kernel_reference(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None,
-                     key_weight: Tensor | None = None, phi=elu1, eps: float = 1e-6
-                     ) -> tuple[Tensor, Tensor]:
-    """sum_j phi(q_i).phi(k_j) v_j / (sum_j phi(q_i).phi(k_j) + eps) in float64."""
+                     key_weight: Tensor | None = None, phi=elu1, eps: float = 1e-6,
+                     key_bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """sum_j phi(q_i).phi(k_j) v_j / (sum_j phi(q_i).phi(k_j) + eps) in float64.
+
+    ``key_bias`` (broadcastable to ``(..., L_q, L_k)``) weights key ``j`` for query ``i`` by
+    ``exp(b_j - m_i)``, ``m_i`` the largest bias among the keys ``i`` may attend (as softmax
+    treats an additive bias); written out densely, row by row.
+    """
     q, k, v = q.double(), k.double(), v.double()
     K = phi(q) @ phi(k).transpose(-2, -1)  # (..., L_q, L_k)
     if key_weight is not None:
         K = K * key_weight.double()
+    if key_bias is not None:
+        b = key_bias.double().expand(*K.shape[:-2], *K.shape[-2:])  # (..., L_q, L_k)
+        if allowed is not None:
+            b = b.masked_fill(~allowed, float("-inf"))
+        m = b.amax(-1, keepdim=True)
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        K = K * torch.exp(b - m)
     if allowed is not None:
         K = K * allowed
     W = K / (K.sum(-1, keepdim=True) + eps)

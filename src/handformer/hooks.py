@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
+from threading import Lock
 
 import torch
 from torch import Tensor, nn
@@ -29,6 +30,10 @@ HookFn = Callable[[Tensor, str], "Tensor | None"]
 Registry = Mapping["HookPoint", tuple[tuple[str, HookFn], ...]]
 
 _ACTIVE: ContextVar[Registry | None] = ContextVar("handformer_hooks", default=None)
+# Hook blocks open in the whole process (any thread): while it is 0, a hook point returns at
+# once, without looking up the context (the common case, and the cheapest check).
+_open_blocks = 0
+_open_lock = Lock()
 
 
 class HookError(ValueError):
@@ -44,7 +49,7 @@ class HookPoint(nn.Module):
     """
 
     def __call__(self, x: Tensor) -> Tensor:  # cheaper than nn.Module.__call__: no hooks dicts
-        if torch.compiler.is_compiling():
+        if not _open_blocks or torch.compiler.is_compiling():
             return x
         active = _ACTIVE.get()
         if active is None:
@@ -62,7 +67,7 @@ class HookPoint(nn.Module):
 
     def listening(self) -> bool:
         """True when a hook is registered on this point in the current context."""
-        if torch.compiler.is_compiling():
+        if not _open_blocks or torch.compiler.is_compiling():
             return False
         active = _ACTIVE.get()
         return active is not None and bool(active.get(self))
@@ -95,8 +100,13 @@ def active_hooks(hooks: Mapping[HookPoint, tuple[tuple[str, HookFn], ...]]) -> I
     merged: dict[HookPoint, tuple[tuple[str, HookFn], ...]] = dict(outer or {})
     for point, fns in hooks.items():
         merged[point] = merged.get(point, ()) + tuple(fns)
+    global _open_blocks
     token = _ACTIVE.set(merged)
+    with _open_lock:
+        _open_blocks += 1
     try:
         yield
     finally:
+        with _open_lock:
+            _open_blocks -= 1
         _ACTIVE.reset(token)

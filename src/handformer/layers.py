@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handformer.attention.kinds import AttentionKind, FullAttention
+from handformer.checks import check_dropout, check_positive_int
 from handformer.hooks import HookError, HookPoint
 
 if TYPE_CHECKING:
@@ -32,20 +33,6 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu": F.gelu,  # exact erf form (BERT's "gelu")
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's "gelu_new"
 }
-
-
-def check_positive_int(name: str, value: object) -> int:
-    """Return ``value`` if it is an int >= 1, else raise ``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
-def check_dropout(name: str, value: object) -> float:
-    """Return ``value`` if it is a probability in [0, 1), else raise ``ValueError``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-        raise ValueError(f"{name} must be a probability in [0, 1), got {value!r}")
-    return float(value)
 
 
 def check_attention(attention: object) -> AttentionKind:
@@ -141,6 +128,11 @@ class MultiHeadAttention(nn.Module):
         B, L, _ = x.shape
         return x.view(B, L, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, L, D)
 
+    def merge_heads(self, x: Tensor) -> Tensor:
+        """``(B, H, L, D)`` -> ``(B, L, E)`` (the transpose back the seed warns about)."""
+        B, H, L, D = x.shape
+        return x.transpose(1, 2).reshape(B, L, H * D)  # (B, L, E)
+
     def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None, *,
                 mask: Tensor | None = None, causal: bool = False,
                 need_weights: bool = False, cache: LayerCache | None = None,
@@ -220,7 +212,7 @@ class MultiHeadAttention(nn.Module):
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         dtype = self.q_proj.weight.dtype
-        if query.dtype != dtype:
+        if query.dtype != dtype and not torch.is_autocast_enabled(query.device.type):
             raise TypeError(
                 f"query has dtype {query.dtype} but MultiHeadAttention's weights are {dtype}: "
                 f"cast the input (x.to({dtype})) or the module (module.to({query.dtype}), "

@@ -21,6 +21,8 @@ import warnings
 import torch
 from torch import Tensor
 
+from handformer.checks import check_window_size
+
 CONVENTION = (
     "handformer masks are boolean (True = may attend) or floating (an additive bias, "
     "-inf blocks)"
@@ -198,7 +200,12 @@ def window_mask(L_q: int, L_k: int, window_size: int, *, causal: bool = False,
 
     Returns:
         ``(L_q, L_k)`` bool tensor.
+
+    Raises:
+        ValueError: if ``window_size`` is not an odd positive integer (an even one would act
+            as the next odd one).
     """
+    check_window_size(window_size)
     p = torch.arange(L_q, device=device).unsqueeze(-1) + (L_k - L_q)  # (L_q, 1)
     j = torch.arange(L_k, device=device)  # (L_k,)
     allowed = (p - j).abs() <= window_size // 2  # (L_q, L_k)

@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from handformer.layers import check_dropout, check_positive_int
+from handformer.checks import check_dropout, check_positive_int
 
 __all__ = ["SinusoidalPositionalEncoding", "LearnedPositionalEmbedding"]
 

@@ -21,9 +21,26 @@ import math
 import torch
 from torch import Tensor, nn
 
-from handformer.layers import check_positive_int
+from handformer.checks import check_positive_int
 
 __all__ = ["RotaryEmbedding", "ALiBi", "alibi_slopes"]
+
+_FLOAT64: dict[str, bool] = {"cpu": True, "cuda": True}  # device type -> holds float64
+
+
+def has_float64(device: torch.device | str) -> bool:
+    """Whether ``device`` holds float64 tensors (CPU and CUDA do, Apple's MPS does not).
+
+    Probed once per device type, with a one-element tensor, for types not known in advance.
+    """
+    kind = torch.device(device).type
+    if kind not in _FLOAT64:
+        try:
+            torch.zeros(1, dtype=torch.float64, device=device)
+            _FLOAT64[kind] = True
+        except (TypeError, RuntimeError):  # MPS: "Cannot convert a MPS Tensor to float64"
+            _FLOAT64[kind] = False
+    return _FLOAT64[kind]
 
 
 class RotaryEmbedding(nn.Module):
@@ -49,7 +66,8 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"base must be a number > 1, got {base!r}")
         self.dim = dim
         self.base = float(base)
-        # theta_i in float64; a plain attribute, not a buffer, so model.to(float16) keeps it.
+        # theta_i in float64; a plain attribute, not a buffer, so model.to(float16) keeps it
+        # (and model.to("mps") does not try to put a float64 tensor where there is none).
         self._inv_freq = self.base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
 
     def cos_sin(self, positions: Tensor, dtype: torch.dtype, device: torch.device
@@ -57,15 +75,18 @@ class RotaryEmbedding(nn.Module):
         """``cos`` and ``sin`` of the angles ``p * theta_i``, each ``(B, 1, L, D/2)``.
 
         The angles are computed in float64 (``p * theta`` in float32 loses ~1e-4 rad at
-        ``p ~ 2000``), then cast to ``dtype`` (float32, or float64 for float64 inputs).
+        ``p ~ 2000``), then cast to ``dtype`` (float32, or float64 for float64 inputs). On a
+        device without float64 (Apple's MPS) they are computed in float64 on the CPU and the
+        cast ``cos`` and ``sin`` moved to ``device``: the same values everywhere.
         """
         if positions.dim() == 1:
             positions = positions.unsqueeze(0)  # (1, L)
-        if self._inv_freq.device != device:
-            self._inv_freq = self._inv_freq.to(device)
-        angles = positions.to(device=device, dtype=torch.float64)[:, None, :, None] \
+        where = device if has_float64(device) else torch.device("cpu")
+        if self._inv_freq.device != where:
+            self._inv_freq = self._inv_freq.to(where)
+        angles = positions.to(device=where, dtype=torch.float64)[:, None, :, None] \
             * self._inv_freq  # (B, 1, L, D/2)
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        return angles.cos().to(device, dtype), angles.sin().to(device, dtype)
 
     def _rotate_with(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         if x.shape[-1] != self.dim:
@@ -97,10 +118,11 @@ class RotaryEmbedding(nn.Module):
             ``(q, k)`` rotated, same shapes and dtypes.
         """
         L_q, L_k = q.shape[-2], k.shape[-2]
-        if positions is None:
-            positions = torch.arange(offset, offset + L_k, device=k.device)  # (L_k,)
+        if positions is None:  # made where the angles are computed (no copy between devices)
+            where = k.device if has_float64(k.device) else torch.device("cpu")
+            positions = torch.arange(offset, offset + L_k, device=where)  # (L_k,)
             if L_q != L_k:  # queries aligned to the last keys
-                pos_q = torch.arange(offset + L_k - L_q, offset + L_k, device=q.device)
+                pos_q = torch.arange(offset + L_k - L_q, offset + L_k, device=where)
                 return self.rotate(q, pos_q), self.rotate(k, positions)
         compute = torch.float64 if q.dtype == torch.float64 else torch.float32
         cos, sin = self.cos_sin(positions, compute, q.device)  # once for q and k
@@ -146,7 +168,11 @@ class ALiBi(nn.Module):
     def __init__(self, num_heads: int) -> None:
         super().__init__()
         self.num_heads = num_heads
-        self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)  # (H,)
+        # float64 (H,) on the CPU; a plain attribute, not a buffer, so that module.to("mps")
+        # does not try to put a float64 tensor where there is none.
+        self.slopes = alibi_slopes(num_heads)
+        # An empty buffer that follows module.to(device): the default device of the bias.
+        self.register_buffer("_anchor", torch.empty(0), persistent=False)
 
     def forward(self, L_q: int, L_k: int | None = None, *, dtype: torch.dtype = torch.float32,
                 device: torch.device | str | None = None) -> Tensor:
@@ -154,16 +180,19 @@ class ALiBi(nn.Module):
 
         Query ``i`` sits at key position ``p = i + L_k - L_q``; entry ``(h, i, j)`` is
         ``-m_h * |p - j|``. Combine with ``causal=True`` for the causal (paper) form.
+        Computed in float64 (on the CPU for a device without float64, such as MPS), then
+        cast to ``dtype`` on ``device`` (default: the module's device, see ``module.to``).
         """
         L_k = L_q if L_k is None else L_k
         if L_q < 0 or L_k < 0:
             raise ValueError(f"lengths must be >= 0, got L_q={L_q}, L_k={L_k}")
-        device = self.slopes.device if device is None else device
-        p = torch.arange(L_q, device=device).unsqueeze(-1) + (L_k - L_q)  # (L_q, 1)
-        j = torch.arange(L_k, device=device)  # (L_k,)
+        device = self._anchor.device if device is None else torch.device(device)
+        where = device if has_float64(device) else torch.device("cpu")
+        p = torch.arange(L_q, device=where).unsqueeze(-1) + (L_k - L_q)  # (L_q, 1)
+        j = torch.arange(L_k, device=where)  # (L_k,)
         distance = (p - j).abs().to(torch.float64)  # (L_q, L_k)
-        slopes = self.slopes.to(device)[:, None, None]  # (H, 1, 1)
-        return (-slopes * distance).to(dtype)  # (H, L_q, L_k)
+        slopes = self.slopes.to(where)[:, None, None]  # (H, 1, 1)
+        return (-slopes * distance).to(device, dtype)  # (H, L_q, L_k)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}"

@@ -1,15 +1,19 @@
 """Strict, all-or-nothing safetensors loading into an existing module.
 
 One function, :func:`load_safetensors`, shared by every checkpoint loader (BERT, GPT-2,
-``CausalLM.from_pretrained``, training checkpoints). It depends only on torch and safetensors,
-so it sits below the models in the layering.
+``CausalLM.from_pretrained``, training checkpoints), and its counterpart for writing,
+:func:`save_safetensors` (atomic: temporary file, fsync, rename). It depends only on torch and
+safetensors, so it sits below the models in the layering.
 A loader supplies a *key map*: a function from a checkpoint key to the model's state-dict key
-(or ``None`` for a key it deliberately skips, such as a task head). Then:
+(or ``None`` for a key it deliberately skips, such as a task head), and where the names differ
+its inverse (a ``file_key(model_key)`` method, or the ``file_keys`` argument), so that keys
+missing from the file are reported under the names the file should hold them by. Then:
 
 1. the path is checked: pickle checkpoints (``.bin``, ``.pt``, ...) are refused, never opened;
 2. the safetensors header is validated (a truncated or corrupt file raises here);
 3. every key is checked: missing, unexpected, duplicated and mis-shaped keys are collected and
-   reported together in one :class:`CheckpointError`;
+   reported together in one :class:`CheckpointError`, in the checkpoint's key names (with the
+   model's name beside it where the two differ) and with both shapes;
 4. every tensor is read into fresh memory with plain file reads (no memory map, so the peak
    memory is about one copy of the weights);
 5. only then are the parameters replaced or copied. A failure in steps 1-4 leaves the model
@@ -24,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,8 +37,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
 
-__all__ = ["CheckpointError", "LoadReport", "load_safetensors", "read_safetensors_header",
-           "PICKLE_SUFFIXES"]
+__all__ = ["CheckpointError", "LoadReport", "load_safetensors", "checkpoint_problems",
+           "read_safetensors_header", "save_safetensors", "write_atomically", "pickle_refusal",
+           "pickle_files", "PICKLE_SUFFIXES"]
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
@@ -44,6 +50,7 @@ DTYPES: dict[str, torch.dtype] = {
 }
 
 KeyMap = Callable[[str], object] | Mapping[str, object]
+FileKeys = Callable[[str], str] | Mapping[str, str]
 
 
 class CheckpointError(ValueError):
@@ -63,6 +70,30 @@ class LoadReport:
     skipped: list[str] = field(default_factory=list)
 
 
+def pickle_refusal(path: Path, *, found_instead_of: str | None = None) -> CheckpointError:
+    """The error for a pickle checkpoint: why it is refused and how to convert it.
+
+    Args:
+        path: the pickle file (``pytorch_model.bin``, ``model.pt``, ...).
+        found_instead_of: the safetensors file that was looked for, when the pickle file was
+            found in its place (a folder holding only ``pytorch_model.bin``).
+    """
+    folder = path.parent
+    found = (f"{folder}: found {path.name} but no {found_instead_of}. {path.name}"
+             if found_instead_of else str(path))
+    return CheckpointError(
+        f"{found} is a pickle checkpoint ({path.suffix}), refused on purpose: "
+        "unpickling can run arbitrary code, so handformer never opens pickle files and reads "
+        "only safetensors. Convert it once, where you trust the file: with transformers, "
+        f"`from transformers import AutoModel; "
+        f"AutoModel.from_pretrained({str(folder)!r}).save_pretrained({str(folder)!r}, "
+        "safe_serialization=True)` (AutoModelForCausalLM for GPT-2); for a plain state dict "
+        "without tied tensors, `import torch, safetensors.torch as st; "
+        f"st.save_file(torch.load({str(path)!r}, weights_only=True), "
+        f"{str(folder / 'model.safetensors')!r})`"
+    )
+
+
 def check_not_pickle(path: Path) -> None:
     """Refuse pickle-based checkpoints by suffix, before anything opens them.
 
@@ -70,12 +101,15 @@ def check_not_pickle(path: Path) -> None:
         CheckpointError: if ``path`` ends in a pickle suffix such as ``.bin`` or ``.pt``.
     """
     if path.suffix.lower() in PICKLE_SUFFIXES:
-        raise CheckpointError(
-            f"{path.name}: refusing to load a pickle checkpoint ({path.suffix}); pickle files "
-            "can run arbitrary code and handformer never unpickles them. Convert it to "
-            "safetensors (model.safetensors) with the library that wrote it, e.g. "
-            "save_pretrained(..., safe_serialization=True)"
-        )
+        raise pickle_refusal(path)
+
+
+def pickle_files(folder: Path) -> list[Path]:
+    """The pickle checkpoints in ``folder``, model weights (``pytorch_model.bin``) first."""
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in PICKLE_SUFFIXES]
+    return sorted(found, key=lambda p: ("model" not in p.name, p.name))
 
 
 def read_safetensors_header(path: str | os.PathLike) -> tuple[dict[str, dict], int]:
@@ -94,11 +128,15 @@ def read_safetensors_header(path: str | os.PathLike) -> tuple[dict[str, dict], i
 
     Raises:
         FileNotFoundError: if the file does not exist.
-        CheckpointError: for pickle suffixes, and for truncated or corrupt files.
+        CheckpointError: for pickle suffixes (also when the file is missing and its folder
+            holds a pickle checkpoint instead), and for truncated or corrupt files.
     """
     path = Path(path)
     check_not_pickle(path)
     if not path.is_file():
+        pickles = pickle_files(path.parent)
+        if pickles:
+            raise pickle_refusal(pickles[0], found_instead_of=path.name)
         raise FileNotFoundError(f"no safetensors file at {path}")
     try:
         with safe_open(str(path), framework="pt"):
@@ -151,10 +189,31 @@ def _fmt_shape(shape: object) -> str:
     return str(tuple(shape))  # type: ignore[arg-type]
 
 
+def _file_key_function(key_map: KeyMap | None, file_keys: FileKeys | None
+                       ) -> Callable[[str], str]:
+    """Model key -> the checkpoint key expected for it (the inverse of the key map)."""
+    if file_keys is None:
+        file_keys = getattr(key_map, "file_key", None)
+    if file_keys is None and isinstance(key_map, Mapping):
+        file_keys = {v: k for k, v in key_map.items() if isinstance(v, str)}
+    if file_keys is None:
+        return lambda key: key
+    if isinstance(file_keys, Mapping):
+        mapping = file_keys
+        return lambda key: mapping.get(key, key)
+    return file_keys
+
+
 def _plan(model: nn.Module, header: dict[str, dict], key_map: KeyMap | None,
-          path: Path) -> tuple[list[tuple[str, str, Transform | None]], list[str]]:
-    """Match checkpoint keys to model keys; raise one error listing every problem."""
+          file_keys: FileKeys | None
+          ) -> tuple[list[tuple[str, str, Transform | None]], list[str], list[str]]:
+    """Match checkpoint keys to model keys: ``(plan, skipped, problems)``.
+
+    ``problems`` holds one titled section per kind of problem (empty when the file fits).
+    Checkpoint keys come first in every line, the model's name beside it where it differs.
+    """
     state, aliases = _model_entries(model)
+    file_key = _file_key_function(key_map, file_keys)
     plan: list[tuple[str, str, Transform | None]] = []
     skipped: list[str] = []
     covered: dict[str, str] = {}  # first alias of a group -> checkpoint key
@@ -189,8 +248,13 @@ def _plan(model: nn.Module, header: dict[str, dict], key_map: KeyMap | None,
                                   f"{shape if isinstance(shape, str) else _fmt_shape(shape)}{via}")
                 continue
             plan.append((ckpt_key, target, transform))
-    missing = [f"{names[0]} {_fmt_shape(state[names[0]].shape)}"
-               for names in {tuple(v) for v in aliases.values()} if names[0] not in covered]
+    missing = []
+    for names in {tuple(v): None for v in aliases.values()}:  # each tied group once, in order
+        if names[0] in covered:
+            continue
+        name = file_key(names[0])
+        missing.append(f"{name} {_fmt_shape(state[names[0]].shape)}"
+                       + (f" (model: {names[0]})" if name != names[0] else ""))
     problems = []
     for title, items in (("missing keys (in the model, not in the file)", sorted(missing)),
                          ("unexpected keys (in the file, not in the model)", unexpected),
@@ -198,12 +262,32 @@ def _plan(model: nn.Module, header: dict[str, dict], key_map: KeyMap | None,
                          ("duplicated keys", duplicated)):
         if items:
             problems.append(f"{len(items)} {title}:\n  " + "\n  ".join(items))
-    if problems:
-        raise CheckpointError(
-            f"{path}: the checkpoint does not match {type(model).__name__}; nothing was "
-            "loaded.\n" + "\n".join(problems)
-        )
-    return plan, skipped
+    return plan, skipped, problems
+
+
+def _mismatch_error(path: Path, model: nn.Module, problems: list[str]) -> CheckpointError:
+    return CheckpointError(f"{path}: the checkpoint does not match {type(model).__name__}; "
+                           "nothing was loaded.\n" + "\n".join(problems))
+
+
+def checkpoint_problems(model: nn.Module, path: str | os.PathLike,
+                        key_map: KeyMap | None = None, *,
+                        file_keys: FileKeys | None = None) -> list[str]:
+    """Everything that keeps a checkpoint from loading into ``model``, without loading it.
+
+    Takes the same arguments as :func:`load_safetensors` and reads only the file's header.
+    Use it to report a checkpoint's problems together with others (e.g. a training
+    checkpoint's optimiser state) before anything is loaded.
+
+    Returns:
+        One titled section per kind of problem (missing, unexpected, mis-shaped, unsupported
+        dtypes, duplicated), each listing every key; empty when the file fits the model.
+
+    Raises:
+        FileNotFoundError, CheckpointError: as :func:`read_safetensors_header`.
+    """
+    header, _ = read_safetensors_header(path)
+    return _plan(model, header, key_map, file_keys)[2]
 
 
 def _shape_after(transform: Transform | None, shape: list[int], dtype: torch.dtype
@@ -237,7 +321,8 @@ def _read_tensors(path: Path, header: dict[str, dict], data_start: int,
 
 
 def load_safetensors(model: nn.Module, path: str | os.PathLike,
-                     key_map: KeyMap | None = None, *, assign: bool = False) -> LoadReport:
+                     key_map: KeyMap | None = None, *, file_keys: FileKeys | None = None,
+                     assign: bool = False) -> LoadReport:
     """Load a safetensors checkpoint into ``model``, strictly and all-or-nothing.
 
     Args:
@@ -250,7 +335,12 @@ def load_safetensors(model: nn.Module, path: str | os.PathLike,
             ``(model key, transform)`` pair or a list of such pairs (and plain keys): the
             transform maps the stored tensor to the parameter's value, e.g. a transpose, or
             one third of a fused query/key/value matrix; shapes are checked by running it on
-            a meta tensor before anything is read. Default: names unchanged.
+            a meta tensor before anything is read. Default: names unchanged. A key map
+            object may define ``file_key(model_key)``, its inverse (see ``file_keys``).
+        file_keys: model key -> the checkpoint key it is loaded from, as a function or a
+            mapping: the names under which missing keys are reported (the model's name is
+            given beside them). Default: the key map's ``file_key`` method if it has one, the
+            inverted mapping for a mapping key map, else the model's names.
         assign: replace the parameters by the loaded tensors (cast to each parameter's dtype
             and device) instead of copying into them. Use it for models built on the
             ``meta`` device: no memory is spent on throw-away initial weights.
@@ -262,11 +352,14 @@ def load_safetensors(model: nn.Module, path: str | os.PathLike,
         FileNotFoundError: if ``path`` does not exist.
         CheckpointError: for pickle files, truncated or corrupt files, and for missing,
             unexpected, duplicated, mis-shaped or wrongly typed keys (all listed in one
-            message). On any error the model is left unchanged.
+            message, in the checkpoint's key names, grouped by kind, with both shapes of a
+            mis-shaped key). On any error the model is left unchanged.
     """
     path = Path(path)
     header, data_start = read_safetensors_header(path)
-    plan, skipped = _plan(model, header, key_map, path)
+    plan, skipped, problems = _plan(model, header, key_map, file_keys)
+    if problems:
+        raise _mismatch_error(path, model, problems)
     tensors = _read_tensors(path, header, data_start, sorted({k for k, _, _ in plan}))
     values = {}
     for ckpt_key, target, transform in plan:  # every value is ready before any is installed
@@ -301,3 +394,46 @@ def _install(model: nn.Module, names: list[str], value: Tensor, *, assign: bool)
             module._parameters[leaf] = new  # type: ignore[assignment]
         else:
             module._buffers[leaf] = new
+
+
+def write_atomically(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
+    """Call ``write(tmp)`` on a temporary file beside ``path``, fsync it, rename it over ``path``.
+
+    A crash at any moment leaves either the old file or the new one, never half of one.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    try:  # make the rename itself durable (where directories can be fsync-ed)
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+    return path
+
+
+def save_safetensors(tensors: Mapping[str, Tensor], path: str | os.PathLike) -> Path:
+    """Write ``tensors`` (moved to the CPU, made contiguous) to a safetensors file atomically.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+    """
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    return write_atomically(path, lambda tmp: save_file(state, str(tmp),
+                                                        metadata={"format": "pt"}))

@@ -28,8 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["BLOCK", "GROUP", "Partial", "prepare", "as_2d_mask", "mask_tile", "tile_softmax",
-           "band_partial", "merge_partials"]
+from handformer.checks import check_scale
+
+__all__ = ["BLOCK", "GROUP", "Partial", "prepare", "score_scale", "as_2d_mask", "mask_tile",
+           "tile_softmax", "band_partial", "merge_partials"]
 
 BLOCK = 128  # query rows per tile; measured best on the 2-core CPU (see design.md)
 GROUP = 1  # tiles per step in the maskless path (1: no copy of the key windows)
@@ -50,12 +52,18 @@ class Partial:
     weights: Tensor | None = None
 
 
-def prepare(q: Tensor, k: Tensor, v: Tensor, *, scaled: bool = True
+def prepare(q: Tensor, k: Tensor, v: Tensor, *, scale: float = 1.0
             ) -> tuple[Tensor, Tensor, Tensor]:
-    """Cast half inputs to float32 (softmax precision); scale ``q`` by ``1/sqrt(D)`` if asked."""
+    """Cast half inputs to float32 (softmax precision); multiply ``q`` by ``scale`` if not 1."""
     compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     q = q.to(compute)
-    return (q * (1.0 / math.sqrt(q.shape[-1])) if scaled else q), k.to(compute), v.to(compute)
+    return (q * scale if scale != 1.0 else q), k.to(compute), v.to(compute)
+
+
+def score_scale(scale: float | None, D: int) -> float:
+    """The softmax kinds' score scale: ``scale`` (checked), or ``1 / sqrt(D)`` when None."""
+    scale = check_scale(scale)
+    return 1.0 / math.sqrt(D) if scale is None else scale
 
 
 def as_2d_mask(mask: Tensor | None) -> Tensor | None:

@@ -48,6 +48,7 @@ from torch import Tensor
 from handformer.attention.kinds import AttentionKind, FullAttention
 from handformer.attention.linear import LinearAttention, LinearAttentionState
 from handformer.attention.local import LocalAttention
+from handformer.checks import check_window_size
 from handformer.masks import check_mask
 
 __all__ = [
@@ -113,7 +114,8 @@ def _join_keep(old: Tensor | None, n_old: int, new: Tensor | None, B: int, L_new
 
 def _attend_held(attention: AttentionKind, q: Tensor, k: Tensor, v: Tensor,
                  key_mask: Tensor | None, new_tokens_real: bool, *, causal: bool,
-                 need_weights: bool, dropout_p: float) -> tuple[Tensor, Tensor | None]:
+                 need_weights: bool, dropout_p: float, scale: float | None
+                 ) -> tuple[Tensor, Tensor | None]:
     """Attend from the new queries to the held keys with the layer's kind.
 
     The usual decoding step of full attention (one real new token, no weights, no dropout)
@@ -123,9 +125,9 @@ def _attend_held(attention: AttentionKind, q: Tensor, k: Tensor, v: Tensor,
     """
     if (type(attention) is FullAttention and q.shape[-2] == 1 and new_tokens_real
             and not need_weights and dropout_p == 0.0):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask), None
-    return attention(q, k, v, causal=causal, mask=key_mask, need_weights=need_weights,
-                     dropout_p=dropout_p)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, scale=scale), None
+    return attention(q, k, v, key_mask, causal=causal, need_weights=need_weights,
+                     dropout_p=dropout_p, scale=scale)
 
 
 class LayerCache:
@@ -140,7 +142,8 @@ class LayerCache:
 
     def attend(self, attention: AttentionKind, q: Tensor, k: Tensor, v: Tensor, *,
                causal: bool = True, mask: Tensor | None = None, need_weights: bool = False,
-               dropout_p: float = 0.0) -> tuple[Tensor, Tensor | None]:
+               dropout_p: float = 0.0, scale: float | None = None
+               ) -> tuple[Tensor, Tensor | None]:
         """Add the new ``k, v`` to the cache, attend from ``q`` to everything held.
 
         Args:
@@ -152,6 +155,7 @@ class LayerCache:
             mask: bool key mask of the new tokens, broadcastable to ``(B, 1, 1, L_new)``.
             need_weights: also return the weights over the held keys ``(B, H, L_new, L_k)``.
             dropout_p: dropout on the attention weights.
+            scale: the kind's score scale (None = its default), passed on to it.
 
         Returns:
             ``(out, weights)``: ``out`` is ``(B, H, L_new, D_v)``.
@@ -238,7 +242,8 @@ class KVCache(LayerCache):
 
     def attend(self, attention: AttentionKind, q: Tensor, k: Tensor, v: Tensor, *,
                causal: bool = True, mask: Tensor | None = None, need_weights: bool = False,
-               dropout_p: float = 0.0) -> tuple[Tensor, Tensor | None]:
+               dropout_p: float = 0.0, scale: float | None = None
+               ) -> tuple[Tensor, Tensor | None]:
         _check_step(q, k, v, causal)
         B, _, L_new, _ = q.shape
         keep_new = _new_key_mask(mask, B, L_new)
@@ -248,7 +253,8 @@ class KVCache(LayerCache):
         key_mask = None if self._keep is None else self._keep[:, None, None, :]
         # key_mask: (B, 1, 1, L_k); causal is bottom-right, so the new queries sit last.
         return _attend_held(attention, q, k_all, v_all, key_mask, keep_new is None,
-                            causal=L_new > 1, need_weights=need_weights, dropout_p=dropout_p)
+                            causal=L_new > 1, need_weights=need_weights, dropout_p=dropout_p,
+                            scale=scale)
 
 
 class StaticKVCache(LayerCache):
@@ -306,7 +312,8 @@ class StaticKVCache(LayerCache):
 
     def attend(self, attention: AttentionKind, q: Tensor, k: Tensor, v: Tensor, *,
                causal: bool = True, mask: Tensor | None = None, need_weights: bool = False,
-               dropout_p: float = 0.0) -> tuple[Tensor, Tensor | None]:
+               dropout_p: float = 0.0, scale: float | None = None
+               ) -> tuple[Tensor, Tensor | None]:
         _check_step(q, k, v, causal)
         B, _, L_new, _ = q.shape
         # (Inside torch.compile the caller sized the cache: reading the slot would break the
@@ -328,7 +335,8 @@ class StaticKVCache(LayerCache):
                     & (self._key_pos <= slots[:, None])[None, None])
         self._slot += L_new
         return _attend_held(attention, q, self._k, self._v, key_mask, keep_new is None,
-                            causal=False, need_weights=need_weights, dropout_p=dropout_p)
+                            causal=False, need_weights=need_weights, dropout_p=dropout_p,
+                            scale=scale)
 
 
 class WindowKVCache(LayerCache):
@@ -339,14 +347,12 @@ class WindowKVCache(LayerCache):
     holds more (and never more than ``window_size``), whatever the length.
 
     Args:
-        window_size: the local attention's window (>= 1).
+        window_size: the local attention's window (odd, >= 1).
     """
 
     def __init__(self, window_size: int) -> None:
         super().__init__()
-        if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
-            raise ValueError(f"window_size must be a positive integer, got {window_size!r}")
-        self.window_size = window_size
+        self.window_size = check_window_size(window_size)
         self.keep_last = window_size // 2
         self._k: Tensor | None = None  # (B, H, <= keep_last, D)
         self._v: Tensor | None = None  # (B, H, <= keep_last, D_v)
@@ -362,7 +368,8 @@ class WindowKVCache(LayerCache):
 
     def attend(self, attention: AttentionKind, q: Tensor, k: Tensor, v: Tensor, *,
                causal: bool = True, mask: Tensor | None = None, need_weights: bool = False,
-               dropout_p: float = 0.0) -> tuple[Tensor, Tensor | None]:
+               dropout_p: float = 0.0, scale: float | None = None
+               ) -> tuple[Tensor, Tensor | None]:
         _check_step(q, k, v, causal)
         B, _, L_new, _ = q.shape
         n_old = self.num_keys
@@ -373,8 +380,8 @@ class WindowKVCache(LayerCache):
         key_mask = None if keep_all is None else keep_all[:, None, None, :]  # (B, 1, 1, L_k)
         # Positions are relative: the held keys are the ones just before the new tokens, and
         # the window only looks at differences p - j, so bottom-right alignment is exact.
-        out = attention(q, k_all, v_all, causal=L_new > 1, mask=key_mask,
-                        need_weights=need_weights, dropout_p=dropout_p)
+        out = attention(q, k_all, v_all, key_mask, causal=L_new > 1,
+                        need_weights=need_weights, dropout_p=dropout_p, scale=scale)
         start = k_all.shape[2] - min(self.keep_last, k_all.shape[2])
         # .clone() so the window does not keep the whole prompt's storage alive.
         self._k = k_all[:, :, start:].clone()  # (B, H, <= keep_last, D)
@@ -416,7 +423,8 @@ class LinearStateCache(LayerCache):
 
     def attend(self, attention: AttentionKind, q: Tensor, k: Tensor, v: Tensor, *,
                causal: bool = True, mask: Tensor | None = None, need_weights: bool = False,
-               dropout_p: float = 0.0) -> tuple[Tensor, Tensor | None]:
+               dropout_p: float = 0.0, scale: float | None = None
+               ) -> tuple[Tensor, Tensor | None]:
         _check_step(q, k, v, causal)
         if need_weights:
             raise ValueError(
@@ -426,8 +434,9 @@ class LinearStateCache(LayerCache):
         B, _, L_new, _ = q.shape
         keep_new = _new_key_mask(mask, B, L_new)
         key_mask = None if keep_new is None else keep_new[:, None, None, :]  # (B, 1, 1, L_new)
+        # Cache masks are boolean, so the state never holds a float-bias maximum here.
         state = None if self.S is None else LinearAttentionState(kv=self.S, k_sum=self.z)
-        out, state = attention.step(q, k, v, state, mask=key_mask)
+        out, state = attention.step(q, k, v, state, mask=key_mask, scale=scale)
         self.S, self.z = state.kv, state.k_sum  # (B, H, D, D_v), (B, H, D)
         if self._count is None:
             self._count = torch.zeros((), dtype=torch.long, device=q.device)

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from handformer.checks import check_scale
 from handformer.masks import causal_mask, check_mask
 
 __all__ = ["scaled_dot_product_attention", "check_qkv", "combine_masks", "masked_scores",
@@ -165,7 +166,7 @@ def scaled_dot_product_attention(
         mask: bool (True = may attend) or float (additive bias), broadcastable to
             ``(..., L_q, L_k)``.
         causal: block key ``j`` for query ``i`` when ``j > i + L_k - L_q`` (bottom-right).
-        scale: score scale; defaults to ``1 / sqrt(D)``.
+        scale: score scale (a positive number); None means ``1 / sqrt(D)``.
         dropout_p: dropout on the attention weights (pass 0 in eval mode).
         need_weights: also return the attention weights (before dropout).
 
@@ -176,8 +177,8 @@ def scaled_dot_product_attention(
     Raises:
         TypeError: for non-tensor or integer inputs, mixed dtypes, or a mask that is neither
             bool nor floating.
-        ValueError: for mismatched shapes, a mask that does not broadcast, ``L_k == 0``, or
-            ``dropout_p`` outside [0, 1).
+        ValueError: for mismatched shapes, a mask that does not broadcast, ``L_k == 0``,
+            ``dropout_p`` outside [0, 1), or a ``scale`` that is not a positive finite number.
     """
     check_qkv(q, k, v)
     L_q, L_k = q.shape[-2], k.shape[-2]
@@ -186,6 +187,7 @@ def scaled_dot_product_attention(
         check_mask(mask, score_shape)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    scale = check_scale(scale)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
 

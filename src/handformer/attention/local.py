@@ -2,8 +2,10 @@
 
 Pattern (positions aligned bottom-right: query ``i`` sits at key position
 ``p = i + L_k - L_q``): query ``i`` may attend key ``j`` iff ``|p - j| <= window_size // 2``,
-and ``j <= p`` when ``causal``; a ``mask`` restricts it further. Softmax attention with scale
-``1/sqrt(D)``. :func:`handformer.masks.window_mask` builds the same pattern densely.
+and ``j <= p`` when ``causal``; a ``mask`` restricts it further. ``window_size`` is odd (the
+query's own key plus ``window_size // 2`` on each side; an even size is refused). Softmax
+attention with scale ``1/sqrt(D)`` unless ``scale`` is given.
+:func:`handformer.masks.window_mask` builds the same pattern densely.
 
 Complexity: queries are processed in blocks of 128; each block attends only the
 ``128 + 2 * (window_size // 2)`` keys its band can reach, so time is
@@ -28,49 +30,33 @@ dims ``...``.
 
 from __future__ import annotations
 
-import math
-
 from torch import Tensor
 
-from handformer.attention._tiles import as_2d_mask, band_partial, prepare
+from handformer.attention._tiles import as_2d_mask, band_partial, prepare, score_scale
 from handformer.attention.functional import check_qkv
-from handformer.attention.kinds import AttentionKind
+from handformer.attention.kinds import AttentionKind, check_no_dropout
+from handformer.checks import check_window_size
 from handformer.masks import check_mask, window_mask
 
 __all__ = ["local_attention", "LocalAttention"]
 
 
-def _check_positive_int(name: str, value: object) -> int:
-    # The shared validator lives in handformer.layers, which imports this package: import it
-    # lazily so that either module can be imported first.
-    from handformer.layers import check_positive_int
-
-    return check_positive_int(name, value)
-
-
-def check_no_dropout(kind: AttentionKind, dropout_p: float) -> None:
-    """Raise ``ValueError`` if dropout is asked of a kind that does not apply it."""
-    if dropout_p != 0.0:
-        raise ValueError(
-            f"dropout_p={dropout_p}: {type(kind).__name__} does not apply dropout to its "
-            "weights; use dropout_p=0.0"
-        )
-
-
-def local_attention(q: Tensor, k: Tensor, v: Tensor, window_size: int, *, causal: bool = False,
-                    mask: Tensor | None = None, need_weights: bool = False
-                    ) -> tuple[Tensor, Tensor | None]:
+def local_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
+                    window_size: int, causal: bool = False, scale: float | None = None,
+                    need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
     """Sliding-window softmax attention: query at ``p`` sees keys ``|p - j| <= w // 2``.
 
     Args:
         q: queries ``(..., L_q, D)``.
         k: keys ``(..., L_k, D)``.
         v: values ``(..., L_k, D_v)``.
-        window_size: ``w >= 1``; a query sees ``w // 2`` keys on each side of its position
-            (so an even ``w`` behaves like ``w + 1``), and only the left side when causal.
-        causal: also require ``j <= p`` (bottom-right aligned).
         mask: bool (True = may attend) or float (additive bias) mask broadcastable to
             ``(..., L_q, L_k)``; it restricts the window further.
+        window_size: odd ``w >= 1`` (keyword-only): a query sees its own position and
+            ``w // 2`` keys on each side, only the left side when causal. An even ``w`` is
+            refused: it would act as ``w + 1``.
+        causal: also require ``j <= p`` (bottom-right aligned).
+        scale: score scale (a positive number); None means ``1 / sqrt(D)``.
         need_weights: also return the dense ``(..., L_q, L_k)`` weights (zeros outside the
             window); this costs ``O(L_q * L_k)`` memory.
 
@@ -79,20 +65,22 @@ def local_attention(q: Tensor, k: Tensor, v: Tensor, window_size: int, *, causal
         allowed key are zero. ``weights`` is None unless ``need_weights``.
 
     Raises:
-        ValueError: for a ``window_size`` that is not a positive integer, mismatched shapes
-            or a mask that does not broadcast.
-        TypeError: for non-floating inputs or a mask that is neither bool nor floating.
+        ValueError: for a ``window_size`` that is not an odd positive integer, a ``scale``
+            that is not a positive finite number, mismatched shapes or a mask that does not
+            broadcast.
+        TypeError: for non-floating inputs, a mask that is neither bool nor floating, or no
+            ``window_size`` keyword (e.g. the window given by position, in ``mask``'s place).
     """
     check_qkv(q, k, v)
-    _check_positive_int("window_size", window_size)
+    check_window_size(window_size)
+    scale = score_scale(scale, q.shape[-1])
     L_q, L_k = q.shape[-2], k.shape[-2]
     if mask is not None:
         check_mask(mask, (*q.shape[:-2], L_q, L_k))
     half = window_size // 2
-    qs, kc, vc = prepare(q, k, v, scaled=False)  # the scale goes into the kernel
+    qs, kc, vc = prepare(q, k, v)  # unscaled: the scale goes into the kernel
     part = band_partial(qs, kc, vc, pos_offset=L_k - L_q, lo=-half, hi=0 if causal else half,
-                        mask=as_2d_mask(mask), need_weights=need_weights,
-                        scale=1.0 / math.sqrt(q.shape[-1]))
+                        mask=as_2d_mask(mask), need_weights=need_weights, scale=scale)
     weights = part.weights.to(q.dtype) if part.weights is not None else None
     return part.out.to(v.dtype), weights
 
@@ -101,25 +89,25 @@ class LocalAttention(AttentionKind):
     """Sliding-window attention as an attention kind (see :func:`local_attention`).
 
     Args:
-        window_size: ``w >= 1``; a query sees the keys within ``w // 2`` positions.
+        window_size: odd ``w >= 1``; a query sees the keys within ``w // 2`` positions.
 
     Raises:
-        ValueError: if ``window_size`` is not a positive integer.
+        ValueError: if ``window_size`` is not an odd positive integer.
     """
 
     supports_dropout = False
 
     def __init__(self, window_size: int) -> None:
         super().__init__()
-        self.window_size = _check_positive_int("window_size", window_size)
+        self.window_size = check_window_size(window_size)
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
-                mask: Tensor | None = None, need_weights: bool = False,
-                dropout_p: float = 0.0) -> tuple[Tensor, Tensor | None]:
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
+                causal: bool = False, need_weights: bool = False, dropout_p: float = 0.0,
+                scale: float | None = None) -> tuple[Tensor, Tensor | None]:
         """See :func:`local_attention`; ``dropout_p`` must be 0 (ValueError otherwise)."""
         check_no_dropout(self, dropout_p)
-        return local_attention(q, k, v, self.window_size, causal=causal, mask=mask,
-                               need_weights=need_weights)
+        return local_attention(q, k, v, mask, window_size=self.window_size, causal=causal,
+                               scale=scale, need_weights=need_weights)
 
     def pattern(self, L_q: int, L_k: int, *, causal: bool = False) -> Tensor:
         """The dense bool ``(L_q, L_k)`` window pattern (:func:`handformer.masks.window_mask`)."""

@@ -3,7 +3,8 @@
 Pattern (positions aligned bottom-right: query ``i`` sits at key position
 ``p = i + L_k - L_q``): query ``i`` may attend key ``j`` iff ``|p - j| < stride``, or
 ``(p - j) % stride == 0``, or ``p < global_tokens``, or ``j < global_tokens``; and ``j <= p``
-when ``causal``. A ``mask`` restricts it further. Softmax attention with scale ``1/sqrt(D)``.
+when ``causal``. A ``mask`` restricts it further. Softmax attention with scale ``1/sqrt(D)``
+unless ``scale`` is given.
 :func:`handformer.masks.strided_mask` builds the same pattern densely.
 
 How it is computed (no divisibility requirements): the allowed keys of a query are split into
@@ -55,11 +56,12 @@ from handformer.attention._tiles import (
     mask_tile,
     merge_partials,
     prepare,
+    score_scale,
     tile_softmax,
 )
 from handformer.attention.functional import check_qkv
-from handformer.attention.kinds import AttentionKind
-from handformer.attention.local import _check_positive_int, check_no_dropout
+from handformer.attention.kinds import AttentionKind, check_no_dropout
+from handformer.checks import check_non_negative_int, check_positive_int
 from handformer.masks import check_mask, strided_mask
 
 __all__ = ["strided_attention", "StridedAttention"]
@@ -67,29 +69,25 @@ __all__ = ["strided_attention", "StridedAttention"]
 _TILE_ELEMENTS = 1 << 20  # score entries per residue-class chunk (4 MB in float32)
 
 
-def _check_global_tokens(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"global_tokens must be a non-negative integer, got {value!r}")
-    return value
-
-
-def strided_attention(q: Tensor, k: Tensor, v: Tensor, stride: int, *, global_tokens: int = 0,
-                      causal: bool = False, mask: Tensor | None = None,
-                      need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+def strided_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
+                      stride: int, global_tokens: int = 0, causal: bool = False,
+                      scale: float | None = None, need_weights: bool = False
+                      ) -> tuple[Tensor, Tensor | None]:
     """Strided sparse softmax attention with optional global tokens.
 
     Args:
         q: queries ``(..., L_q, D)``.
         k: keys ``(..., L_k, D)``.
         v: values ``(..., L_k, D_v)``.
-        stride: ``s >= 1``: a query sees keys closer than ``s`` and every ``s``-th key from
-            its position (``stride=1`` is full attention; ``stride > L`` is a band of width
-            ``2 L``, i.e. full attention as well).
+        mask: bool (True = may attend) or float (additive bias) mask broadcastable to
+            ``(..., L_q, L_k)``; it restricts the pattern further.
+        stride: ``s >= 1`` (keyword-only): a query sees keys closer than ``s`` and every
+            ``s``-th key from its position (``stride=1`` is full attention; ``stride > L`` is
+            a band of width ``2 L``, i.e. full attention as well).
         global_tokens: the first ``global_tokens`` positions attend everything and are
             attended by everything.
         causal: also require ``j <= p`` (bottom-right aligned).
-        mask: bool (True = may attend) or float (additive bias) mask broadcastable to
-            ``(..., L_q, L_k)``; it restricts the pattern further.
+        scale: score scale (a positive number); None means ``1 / sqrt(D)``.
         need_weights: also return the dense ``(..., L_q, L_k)`` weights (zeros outside the
             pattern); this costs ``O(L_q * L_k)`` memory.
 
@@ -99,17 +97,20 @@ def strided_attention(q: Tensor, k: Tensor, v: Tensor, stride: int, *, global_to
 
     Raises:
         ValueError: for a ``stride`` that is not a positive integer, a negative
-            ``global_tokens``, mismatched shapes or a mask that does not broadcast.
-        TypeError: for non-floating inputs or a mask that is neither bool nor floating.
+            ``global_tokens``, a ``scale`` that is not a positive finite number, mismatched
+            shapes or a mask that does not broadcast.
+        TypeError: for non-floating inputs, a mask that is neither bool nor floating, or no
+            ``stride`` keyword (e.g. the stride given by position, in ``mask``'s place).
     """
     check_qkv(q, k, v)
-    s = _check_positive_int("stride", stride)
-    g = _check_global_tokens(global_tokens)
+    s = check_positive_int("stride", stride)
+    g = check_non_negative_int("global_tokens", global_tokens)
+    scale = score_scale(scale, q.shape[-1])
     L_q, L_k = q.shape[-2], k.shape[-2]
     if mask is not None:
         check_mask(mask, (*q.shape[:-2], L_q, L_k))
     mask = as_2d_mask(mask)
-    qs, kc, vc = prepare(q, k, v)
+    qs, kc, vc = prepare(q, k, v, scale=scale)
     off = L_k - L_q
     everything = 0 if causal else None  # hi limit of "all keys" (j <= p when causal)
     n_glob = min(max(g - off, 0), L_q)  # rows with p < global_tokens
@@ -235,16 +236,17 @@ class StridedAttention(AttentionKind):
 
     def __init__(self, stride: int, *, global_tokens: int = 0) -> None:
         super().__init__()
-        self.stride = _check_positive_int("stride", stride)
-        self.global_tokens = _check_global_tokens(global_tokens)
+        self.stride = check_positive_int("stride", stride)
+        self.global_tokens = check_non_negative_int("global_tokens", global_tokens)
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
-                mask: Tensor | None = None, need_weights: bool = False,
-                dropout_p: float = 0.0) -> tuple[Tensor, Tensor | None]:
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
+                causal: bool = False, need_weights: bool = False, dropout_p: float = 0.0,
+                scale: float | None = None) -> tuple[Tensor, Tensor | None]:
         """See :func:`strided_attention`; ``dropout_p`` must be 0 (ValueError otherwise)."""
         check_no_dropout(self, dropout_p)
-        return strided_attention(q, k, v, self.stride, global_tokens=self.global_tokens,
-                                 causal=causal, mask=mask, need_weights=need_weights)
+        return strided_attention(q, k, v, mask, stride=self.stride,
+                                 global_tokens=self.global_tokens, causal=causal, scale=scale,
+                                 need_weights=need_weights)
 
     def pattern(self, L_q: int, L_k: int, *, causal: bool = False) -> Tensor:
         """The dense bool ``(L_q, L_k)`` pattern (:func:`handformer.masks.strided_mask`)."""

@@ -1,9 +1,15 @@
-"""``handformer embed``: sentence embeddings and their cosine similarities."""
+"""``handformer embed``: sentence embeddings and their cosine similarities.
+
+A text longer than the model's limit (512 tokens for all-MiniLM-L6-v2) is cut to it, with a
+one-line ``note:`` on stderr (the tokenizer's warning, shown by the CLI as a note).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+
+from handformer.commands.common import add_device_argument, resolve_device
 
 NAME = "embed"
 HELP = ("Embed sentences with a BERT-family model (default: bundled all-MiniLM-L6-v2) and "
@@ -17,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true",
                         help="print {sentence, embedding} objects as JSON instead of the table")
     parser.add_argument("--batch-size", type=int, default=32, help="texts per forward pass")
+    add_device_argument(parser)
 
 
 def similarity_table(sentences: list[str], sims: list[list[float]], *, width: int = 24
@@ -38,9 +45,11 @@ def run(args: argparse.Namespace) -> int:
 
     from handformer.pretrained import embed, load_bert
 
+    device = resolve_device(args.device)
     model, tokenizer = load_bert(args.model)
+    model.to(device)
     vectors = embed(args.sentences, model=model, tokenizer=tokenizer,
-                    batch_size=args.batch_size)
+                    batch_size=args.batch_size).cpu()  # (N, E)
     if args.json:
         print(json.dumps([{"sentence": s, "embedding": [round(x, 7) for x in v]}
                           for s, v in zip(args.sentences, vectors.tolist(), strict=True)]))

@@ -9,7 +9,9 @@ the same folder, in this order:
 2. ``vocab.json`` with ``"kind": "char"`` -- the character vocabulary the trainer saves.
 
 Greedy decoding by default; ``--temperature``, ``--top-k`` or ``--top-p`` switch to sampling,
-seeded by ``--seed`` (same seed, same text).
+seeded by ``--seed`` (same seed, same text on one device). Without ``--max-new-tokens`` it
+makes up to 50 tokens, fewer where the model's context ends (with a note on stderr).
+``--device`` picks where the model runs (see :mod:`handformer.commands.common`).
 """
 
 from __future__ import annotations
@@ -19,18 +21,25 @@ import json
 import sys
 from pathlib import Path
 
+from handformer.commands.common import UsageError, add_device_argument, note, resolve_device
+
 NAME = "generate"
 HELP = "Continue a prompt with a GPT-2 or handformer CausalLM folder, streaming the tokens."
+
+
+DEFAULT_NEW_TOKENS = 50  # without --max-new-tokens: this many, or fewer where the context ends
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="DIR", required=True,
                         help="GPT-2 folder or CausalLM.save_pretrained folder")
     parser.add_argument("--prompt", metavar="TEXT", required=True, help="text to continue")
-    parser.add_argument("--max-new-tokens", type=int, default=50, metavar="N",
-                        help="tokens to generate (default 50)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
+                        help=f"tokens to generate (default: {DEFAULT_NEW_TOKENS}, or as many as "
+                             "fit in the model's context, with a note)")
     parser.add_argument("--temperature", type=float, default=None, metavar="T",
-                        help="sample with this temperature (> 0)")
+                        help="sample with this temperature (> 0); greedy without "
+                             "--temperature, --top-k and --top-p")
     parser.add_argument("--top-k", type=int, default=None, metavar="K",
                         help="sample among the K most likely tokens")
     parser.add_argument("--top-p", type=float, default=None, metavar="P",
@@ -39,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="random seed for sampling (default 0)")
     parser.add_argument("--no-cache", action="store_true",
                         help="recompute the whole sequence at every step (slow; for checks)")
+    add_device_argument(parser)
 
 
 def load_model_and_tokenizer(folder: str | Path) -> tuple[object, object]:
@@ -80,11 +90,12 @@ def load_model_and_tokenizer(folder: str | Path) -> tuple[object, object]:
 
 class _TextStream:
     """Print the prompt, then the text of the generated ids as it grows (whole characters
-    only; the end-of-text token is not printed)."""
+    only; the end-of-text token is not printed). ``count`` is the number of tokens seen."""
 
     def __init__(self, tokenizer: object, prompt: str, eos: int | None, out: object) -> None:
         self.tokenizer, self.prompt, self.eos, self.out = tokenizer, prompt, eos, out
         self.ids: list[int] = []
+        self.count = 0
         self.printed = -1  # -1: the prompt is not printed yet
 
     def _write(self, text: str) -> None:
@@ -96,6 +107,7 @@ class _TextStream:
         self.printed = len(text)
 
     def __call__(self, token: object) -> None:
+        self.count += 1
         if int(token[0]) == self.eos:
             return
         self.ids.append(int(token[0]))
@@ -109,25 +121,76 @@ class _TextStream:
         self.out.flush()
 
 
+def _check_flags(args: argparse.Namespace) -> None:
+    """Refuse bad numbers before the (slow) model load."""
+    if not -(2**63) <= args.seed < 2**64:  # torch's seed range
+        raise UsageError(f"--seed must be in [-2**63, 2**64), got {args.seed}")
+    if args.max_new_tokens is not None and args.max_new_tokens < 0:
+        raise UsageError(f"--max-new-tokens must be an integer >= 0, got {args.max_new_tokens}")
+    if args.temperature is not None and not args.temperature > 0:  # also NaN
+        raise UsageError(f"--temperature must be > 0 when sampling, got {args.temperature}; "
+                         "for greedy (deterministic) output leave out --temperature, --top-k "
+                         "and --top-p: greedy decoding is the default")
+
+
+def new_token_count(requested: int | None, prompt_len: int, max_len: int) -> tuple[int, bool]:
+    """How many tokens to generate after a prompt of ``prompt_len`` tokens.
+
+    Args:
+        requested: ``--max-new-tokens`` (None: :data:`DEFAULT_NEW_TOKENS`, or fewer where the
+            context ``max_len`` ends).
+        prompt_len: tokens in the prompt.
+        max_len: the model's context.
+
+    Returns:
+        ``(n, cut)``: the count, and whether the context cut the default short.
+
+    Raises:
+        UsageError: for a prompt longer than the context, or an explicit ``requested`` that
+            does not fit (the message says how many do).
+    """
+    room = max_len - prompt_len
+    if room < 0:
+        raise UsageError(f"the prompt has {prompt_len} tokens, longer than the context "
+                         f"max_len={max_len} of this model; shorten the prompt")
+    if requested is None:
+        return min(DEFAULT_NEW_TOKENS, room), room < DEFAULT_NEW_TOKENS
+    if requested > room:
+        raise UsageError(f"the prompt ({prompt_len} tokens) + --max-new-tokens {requested} = "
+                         f"{prompt_len + requested} exceeds the context max_len={max_len}; "
+                         f"give --max-new-tokens {room} or less, or leave it out to generate "
+                         "what fits")
+    return requested, False
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from handformer.cli import UsageError
-
-    if not -(2**63) <= args.seed < 2**64:  # torch's seed range
-        raise UsageError(f"--seed must be in [-2**63, 2**64), got {args.seed}")
+    _check_flags(args)
+    device = resolve_device(args.device)
     model, tokenizer = load_model_and_tokenizer(args.model)
+    model.to(device)
     ids = tokenizer.encode(args.prompt)
     if not ids:
         raise UsageError("the prompt is empty after tokenization; give some text")
+    max_len = model.config.max_len
+    n, cut = new_token_count(args.max_new_tokens, len(ids), max_len)
     do_sample = any(v is not None for v in (args.temperature, args.top_k, args.top_p))
     eos = getattr(tokenizer, "eos_token_id", None)
     stream = _TextStream(tokenizer, args.prompt, eos, sys.stdout)
     model.generate(
-        torch.tensor([ids]), max_new_tokens=args.max_new_tokens, do_sample=do_sample,
+        torch.tensor([ids], device=device), max_new_tokens=n, do_sample=do_sample,
         temperature=1.0 if args.temperature is None else args.temperature, top_k=args.top_k,
-        top_p=args.top_p, eos_token_id=eos, generator=torch.Generator().manual_seed(args.seed),
+        top_p=args.top_p, eos_token_id=eos,
+        generator=torch.Generator(device=device).manual_seed(args.seed),
         use_cache=not args.no_cache, streamer=stream,
     )
     stream.finish()
+    if cut and n == 0:
+        note(f"the prompt ({len(ids)} tokens) fills the model's context of {max_len} tokens; "
+             "nothing was generated")
+    elif cut and stream.count == n:  # not stopped earlier by the end-of-text token
+        note(f"stopped at the model's context limit: {len(ids)} prompt + {n} new = {max_len} "
+             f"tokens (without --max-new-tokens, generate makes up to {DEFAULT_NEW_TOKENS} "
+             "tokens, as many as fit)")
     return 0

@@ -10,6 +10,8 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from handformer.commands.common import UsageError
+
 NAME = "train"
 HELP = ("Train a decoder-only CausalLM: copy/reverse/sort (synthetic sequence tasks written as "
         "'x>y', loss on y only) or lm --text FILE (character-level); resumable, torchrun-ready.")
@@ -126,7 +128,37 @@ def _resume_config(args: argparse.Namespace):  # noqa: ANN202 - TrainConfig
             raise RunError(f"--{name.replace('_', '-')} {value} differs from the run's "
                            f"{name}={getattr(saved, name)!r}; a resumed run keeps its options "
                            f"(only {', '.join(RESUME_OVERRIDABLE)} may change)")
+    _check_resume_steps(run_dir, saved.steps)
     return saved
+
+
+def _check_resume_steps(run_dir: Path, steps: int) -> None:
+    """Refuse a ``--steps`` below the step the run has already reached (it would be ignored:
+    a resumed run never goes back)."""
+    from handformer.train.checkpoint import list_checkpoints
+
+    found = list_checkpoints(run_dir)
+    if found and steps < found[-1][0]:
+        step, path = found[-1]
+        raise UsageError(f"--steps {steps} is below the step the run has reached ({step}, its "
+                         f"newest checkpoint {path.name}); a resumed run continues from there: "
+                         f"give --steps {step + 1} or more, or leave --steps out")
+
+
+# Options of one attention kind: config field -> the kind it belongs to.
+_PATTERN_OPTIONS = {"window_size": "local", "stride": "strided"}
+
+
+def _check_pattern_options(given: dict[str, object]) -> None:
+    """Refuse ``--window-size`` without ``--attention local`` and ``--stride`` without
+    ``--attention strided``, in the command line's words."""
+    attention = given.get("attention", "full")
+    for name, kind in _PATTERN_OPTIONS.items():
+        if name in given and attention != kind:
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag} {given[name]} applies to --attention {kind}, not "
+                             f"--attention {attention}; add --attention {kind} or leave {flag} "
+                             "out")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -138,7 +170,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         if args.task is None:
             raise ValueError("give a TASK (copy, reverse, sort or lm) or --resume RUN_DIR")
-        config = TrainConfig(task=args.task, **_given(args))
+        given = _given(args)
+        _check_pattern_options(given)
+        config = TrainConfig(task=args.task, **given)
         run_dir, resume = args.out or Path("runs") / args.task, False
     result = train(config, run_dir, resume=resume)
     import os

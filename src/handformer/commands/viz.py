@@ -5,10 +5,16 @@ Writes into ``--out`` (default ``./attention/``):
 * ``head.png``  - one head's heat map (tokens on both axes, colour bar, layer/head in the
   title; with ``--attention local|strided`` the pattern of reachable keys beside it);
 * ``model.png`` - every layer x head as thumbnails;
-* ``index.html`` - the self-contained interactive viewer (no network).
+* ``index.html`` - the self-contained interactive viewer (no network);
+* with ``--rollout``: ``rollout.png`` - attention rollout, and the [CLS] row (a causal LM's
+  last token) scored by raw attention, rollout and attention flow; index.html gets a
+  rollout view.
 
 and prints the paths and one line per layer: the token that gets the most attention and the
-strongest link between two ordinary tokens.
+strongest link between two ordinary tokens. Notes (text cut to the model's limit, glyphs the
+font lacks) go to stderr as one ``note:`` line each. ``--window-size`` belongs to
+``--attention local``, ``--stride`` and ``--global-tokens`` to ``--attention strided``: given
+with another kind they are refused, not ignored. ``--device`` picks where the model runs.
 
 ``--model`` takes a BERT-family folder (``--attention`` swaps every layer's attention kind,
 keeping the weights) or a causal language model folder (GPT-2, or a ``handformer train``
@@ -24,7 +30,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from handformer.cli import UsageError
+from handformer.commands.common import UsageError, add_device_argument, note, resolve_device
 
 NAME = "viz"
 HELP = "Show a model's attention on TEXT: head.png, model.png and index.html."
@@ -47,13 +53,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output folder, created if missing (default ./attention/)")
     parser.add_argument("--attention", choices=KINDS, default="full",
                         help="attention kind used in every layer (default full)")
-    parser.add_argument("--window-size", type=int, default=5,
+    parser.add_argument("--window-size", type=int, default=None,
                         help="window of --attention local (default 5: two keys each side)")
-    parser.add_argument("--stride", type=int, default=3,
+    parser.add_argument("--stride", type=int, default=None,
                         help="stride of --attention strided (default 3)")
-    parser.add_argument("--global-tokens", type=int, default=1,
+    parser.add_argument("--global-tokens", type=int, default=None,
                         help="leading tokens every query sees with --attention strided "
                              "(default 1: [CLS])")
+    parser.add_argument("--rollout", action="store_true",
+                        help="also write rollout.png (attention rollout and flow) and add a "
+                             "rollout view to index.html")
+    add_device_argument(parser)
+
+
+# Options of one attention kind: flag -> (kind it belongs to, default).
+_PATTERN_FLAGS = {"window_size": ("local", 5), "stride": ("strided", 3),
+                  "global_tokens": ("strided", 1)}
+
+
+def _check_pattern_flags(args: argparse.Namespace) -> None:
+    """Refuse an option of one attention kind given with another (it would be ignored), and
+    fill in the defaults of the chosen kind."""
+    for name, (kind, default) in _PATTERN_FLAGS.items():
+        flag = "--" + name.replace("_", "-")
+        value = getattr(args, name)
+        if value is not None and args.attention != kind:
+            raise UsageError(f"{flag} {value} applies to --attention {kind}, not --attention "
+                             f"{args.attention}; add --attention {kind} or leave {flag} out")
+        if value is None:
+            setattr(args, name, default)
 
 
 def _kind(args: argparse.Namespace) -> tuple[object | None, str]:
@@ -137,22 +165,23 @@ def _check_limits(args: argparse.Namespace, N: int, H: int) -> None:
     _check_index("head", args.head, H, "heads per layer")
 
 
-def _run_bert(args: argparse.Namespace, text: str) -> _Run:
+def _run_bert(args: argparse.Namespace, text: str, device: object) -> _Run:
     import torch
 
     from handformer.pretrained import load_bert
 
     kind, kind_text = _kind(args)  # validates --window-size / --stride (ValueError -> exit 2)
     model, tokenizer = load_bert(args.model, attention=kind)
+    model.to(device)
     _check_limits(args, model.config.num_hidden_layers, model.config.num_attention_heads)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         encodings = tokenizer.encode([text])  # truncated to the model's limit, with a warning
-    batch = tokenizer.pad(encodings)  # (1, L) tensors
+    batch = {k: v.to(device) for k, v in tokenizer.pad(encodings).items()}  # (1, L) tensors
     tokens = encodings[0].tokens
     if any("truncated" in str(w.message) for w in caught):
-        print(f"note: the text is longer than the model's limit of {tokenizer.max_length} "
-              f"tokens; only the first {len(tokens)} are shown")
+        note(f"the text is longer than the model's limit of {tokenizer.max_length} tokens; "
+             f"only the first {len(tokens)} are shown")
     with torch.inference_mode():
         result = model(**batch, need_weights=True)
     pattern: object = kind  # local / strided: the kind draws its own pattern
@@ -163,7 +192,7 @@ def _run_bert(args: argparse.Namespace, text: str) -> _Run:
                          "matrix is never formed (cost grows as L·D², not L²·D)")
     name = ("all-MiniLM-L6-v2" if args.model is None
             else Path(args.model).resolve().name or str(args.model))
-    return _Run(name, kind_text, tokens, [a.float() for a in result.attentions], pattern,
+    return _Run(name, kind_text, tokens, [a.float().cpu() for a in result.attentions], pattern,
                 pattern_label, encodings[0].special_tokens_mask,
                 _word_index(text, encodings[0].offsets))
 
@@ -173,12 +202,13 @@ def _visible(token: str) -> str:
     return token.replace(" ", "\u2423").replace("\n", "\u21b5").replace("\t", "\u21e5")
 
 
-def _run_causal(args: argparse.Namespace, text: str) -> _Run:
+def _run_causal(args: argparse.Namespace, text: str, device: object) -> _Run:
     import torch
 
     from handformer.commands.generate import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(args.model)
+    model.to(device)
     c = model.config
     kind = model.layers[0].self_attn.attention
     if args.attention != "full":
@@ -190,11 +220,11 @@ def _run_causal(args: argparse.Namespace, text: str) -> _Run:
     if not ids:
         raise UsageError("TEXT gives no tokens for this model's tokenizer")
     if len(ids) > c.max_len:
-        print(f"note: the text has {len(ids)} tokens, more than the model's limit of "
-              f"{c.max_len}; only the first {c.max_len} are shown")
+        note(f"the text has {len(ids)} tokens, more than the model's limit of {c.max_len}; "
+             f"only the first {c.max_len} are shown")
         ids = ids[:c.max_len]
     with torch.inference_mode():
-        result = model(torch.tensor([ids]), need_weights=True)  # (1, L) ids
+        result = model(torch.tensor([ids], device=device), need_weights=True)  # (1, L) ids
     L = len(ids)
     kind_text = {"full": "causal attention",
                  "local": f"causal local attention, window {c.window_size}",
@@ -202,7 +232,7 @@ def _run_causal(args: argparse.Namespace, text: str) -> _Run:
                  "linear": "causal linear attention"}.get(c.attention, c.attention)
     return _Run(Path(args.model).resolve().name, kind_text,
                 [_visible(tokenizer.decode([i])) for i in ids],
-                [a.float() for a in result.attentions], kind.pattern(L, L, causal=True),
+                [a.float().cpu() for a in result.attentions], kind.pattern(L, L, causal=True),
                 kind_text.capitalize(), None, None)
 
 
@@ -211,14 +241,17 @@ def run(args: argparse.Namespace) -> int:
     if not text.strip():
         raise UsageError("TEXT is empty; pass some words, e.g. handformer viz \"The animal "
                          "didn't cross the street because it was too tired\"")
-    if not _causal_folder(args.model):
+    _check_pattern_flags(args)
+    causal = _causal_folder(args.model)
+    if not causal:
         _kind(args)  # bad --window-size / --stride fail before the output folder is made
+    device = resolve_device(args.device)
     out = _check_out(args.out)
 
     from handformer.viz import plot_attention, plot_heads, save_figure, save_html, summarize
     from handformer.viz.heatmap import MissingGlyphWarning
 
-    r = _run_causal(args, text) if _causal_folder(args.model) else _run_bert(args, text)
+    r = _run_causal(args, text, device) if causal else _run_bert(args, text, device)
     tokens, attentions = r.tokens, r.attentions
     N, H, L = len(attentions), attentions[0].shape[1], len(tokens)
 
@@ -243,16 +276,24 @@ def run(args: argparse.Namespace) -> int:
         model_png = save_figure(plot_heads(attentions, tokens, title=f"{r.name}: every "
                                            f"head ({r.kind_text}), each scaled to its maximum"),
                                 out / "model.png")
+        rollout_png, rollout = None, None
+        if args.rollout:
+            from handformer.commands.viz_rollout import draw_rollout
+
+            rollout_png, rollout = draw_rollout(attentions, tokens, out, name=r.name,
+                                                causal=_causal_folder(args.model))
     glyphs = [w for w in caught if issubclass(w.category, MissingGlyphWarning)]
     if glyphs:
-        print(f"note: {glyphs[0].message}")
+        note(str(glyphs[0].message))
     html_path = save_html(attentions, tokens, out / "index.html",
                           title=f"Attention of {r.name}: {short}",
                           pattern=r.pattern, pattern_label=r.pattern_label,
-                          note=f"{r.name} · {r.kind_text}", layer=layer, head=head)
+                          note=f"{r.name} · {r.kind_text}", layer=layer, head=head,
+                          rollout=rollout)
 
-    for path in (head_png, model_png, html_path):
-        print(f"wrote {path}")
+    for path in (head_png, model_png, rollout_png, html_path):
+        if path is not None:
+            print(f"wrote {path}")
     print(f"{L} tokens, {N} layer{'s' * (N != 1)} x {H} head{'s' * (H != 1)}; head.png shows "
           f"layer {layer}, head {head}")
     for s in summaries:

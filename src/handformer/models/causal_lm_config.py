@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import MISSING, asdict, dataclass, fields
 
 from handformer.attention.kinds import AttentionKind, FullAttention
-from handformer.layers import ACTIVATIONS, check_dropout, check_positive_int
+from handformer.checks import check_dropout, check_positive_int, check_window_size
+from handformer.layers import ACTIVATIONS
 
 __all__ = ["CausalLMConfig", "POSITIONALS", "ATTENTIONS"]
 
@@ -31,7 +32,7 @@ class CausalLMConfig:
             layer's self-attention; needs an even head dim).
         attention: ``"full"``, ``"local"`` (needs ``window_size``), ``"strided"`` (needs
             ``stride``) or ``"linear"``.
-        window_size: local attention window (only with ``attention="local"``).
+        window_size: local attention window, odd (only with ``attention="local"``).
         stride: strided attention stride (only with ``attention="strided"``).
         tie_weights: the LM head shares the token-embedding matrix.
         norm_first: pre-LN layers plus a final LayerNorm (GPT-2) when True; post-LN when
@@ -84,7 +85,9 @@ class CausalLMConfig:
                              f"got {self.attention!r}")
         for name, kind in (("window_size", "local"), ("stride", "strided")):
             value = getattr(self, name)
-            if self.attention == kind:
+            if self.attention == kind == "local":
+                check_window_size(value)  # odd: an even window would act as the next odd one
+            elif self.attention == kind:
                 check_positive_int(name, value)
             elif value is not None:
                 raise ValueError(f"{name}={value!r} is only used with attention={kind!r}, "

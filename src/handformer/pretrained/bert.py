@@ -7,28 +7,47 @@
 Shape letters: ``B`` batch, ``L`` length, ``E`` hidden size, ``H`` heads.
 
 Checkpoint keys follow Hugging Face's ``BertModel`` names (with or without a ``bert.``
-prefix); :func:`bert_key_map` translates them to this module's names.
+prefix); :func:`bert_key_map` translates them to this module's names and back.
+:meth:`BertModel.from_pretrained` loads a model folder (``config.json`` +
+``model.safetensors``), :meth:`BertModel.save_pretrained` writes one.
 """
 
 from __future__ import annotations
 
 import copy
-import re
+import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from handformer.attention.kinds import AttentionKind
+from handformer.checks import check_dropout, check_positive_int
 from handformer.hooks import HookPoint
-from handformer.layers import EncoderLayer, check_attention, check_dropout, check_positive_int
+from handformer.layers import EncoderLayer, check_attention
 from handformer.masks import from_hf_attention_mask
 from handformer.models.encoder import Encoder
+from handformer.pretrained.bert_keys import bert_key_map
+from handformer.pretrained.folders import (
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    read_config_json,
+    resolve_checkpoint_dir,
+)
 from handformer.pretrained.pooling import SentencePooling
+from handformer.weights import (
+    load_safetensors,
+    read_safetensors_header,
+    save_safetensors,
+    write_atomically,
+)
 
-__all__ = ["BertConfig", "BertModel", "BertOutput", "bert_key_map", "HF_ACTIVATIONS"]
+__all__ = ["BertConfig", "BertModel", "BertOutput", "bert_key_map", "HF_ACTIVATIONS",
+           "check_load_options"]
 
 # Hugging Face ``hidden_act`` names -> handformer FeedForward activations.
 HF_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh",
@@ -297,52 +316,82 @@ class BertModel(nn.Module):
             raise ValueError(f"{name} must lie in [0, {limit}), found values in "
                              f"[{int(ids.min())}, {int(ids.max())}]")
 
+    # ---- saving and loading ----------------------------------------------------------------
 
-_LAYER_NAMES = {
-    "attention.self.query": "self_attn.q_proj",
-    "attention.self.key": "self_attn.k_proj",
-    "attention.self.value": "self_attn.v_proj",
-    "attention.output.dense": "self_attn.out_proj",
-    "attention.output.LayerNorm": "norm1",
-    "intermediate.dense": "ff.linear1",
-    "output.dense": "ff.linear2",
-    "output.LayerNorm": "norm2",
-}
-_LAYER_KEY = re.compile(r"encoder\.layer\.(\d+)\.(.+)\.(weight|bias|gamma|beta)")
-_TASK_HEADS = ("cls.", "classifier.", "qa_outputs.")
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, *, device: str | torch.device = "cpu",
+                        dtype: torch.dtype = torch.float32,
+                        attention: AttentionSpec = None) -> BertModel:
+        """Load the model of a BERT-family folder, without a tokenizer (strict, all-or-nothing).
+
+        The folder needs only ``config.json`` and ``model.safetensors`` (what
+        :meth:`save_pretrained` writes); :func:`~handformer.pretrained.load_bert` loads the
+        tokenizer too.
+
+        Args:
+            path: a folder with ``config.json`` and ``model.safetensors`` (Hugging Face key
+                names, with or without a task model's ``bert.`` prefix; task heads are
+                skipped; a pooler is built when the file has one), or that file.
+            device: where to put the model.
+            dtype: floating dtype of the parameters.
+            attention: attention kind of every layer (default full); see :class:`BertModel`.
+
+        Returns:
+            The model, in eval mode (with the folder's sentence-transformers pooling, if any).
+
+        Raises:
+            FileNotFoundError: for a missing folder, config or weights file.
+            CheckpointError: (a ``ValueError``) for pickle checkpoints (the message says how
+                to convert them), truncated or corrupt files, and keys that do not match the
+                config (every one listed, in the file's names); no model is returned.
+            ValueError: for configs handformer does not implement.
+            TypeError: for a non-floating ``dtype`` or a bad ``attention``.
+        """
+        check_load_options(dtype, attention)
+        folder, weights = resolve_checkpoint_dir(path)
+        config = BertConfig.from_dict(read_config_json(folder))
+        header, _ = read_safetensors_header(weights)
+        prefixed = any(k.startswith("bert.") for k in header)
+        has_pooler = ("bert.pooler.dense.weight" if prefixed else "pooler.dense.weight") in header
+        pooling = SentencePooling.from_dir(folder)
+        with torch.device("meta"):  # no memory or time spent on throw-away initial weights
+            model = cls(config, add_pooling_layer=has_pooler, attention=attention,
+                        sentence_pooling=pooling)
+        load_safetensors(model, weights, bert_key_map(prefixed), assign=True)
+        return model.to(device=device, dtype=dtype).eval()
+
+    def save_pretrained(self, directory: str | os.PathLike) -> Path:
+        """Write ``config.json`` and ``model.safetensors`` (Hugging Face ``BertModel`` key
+        names, so ``transformers`` reads the folder too) into ``directory``, created if
+        needed. Each file is written to a temporary name and renamed: a crash never leaves a
+        half-written file. No tokenizer is written: copy ``tokenizer.json`` or ``vocab.txt``
+        beside them for :func:`~handformer.pretrained.load_bert`.
+
+        Returns:
+            The directory as a :class:`~pathlib.Path`.
+        """
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        key_map = bert_key_map(False)
+        state = {key_map.file_key(k): v for k, v in self.state_dict().items()}
+        save_safetensors(state, directory / WEIGHTS_NAME)
+        config = {**self.config.to_dict(), "architectures": ["BertModel"]}
+        text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+        write_atomically(directory / CONFIG_NAME,
+                         lambda tmp: tmp.write_text(text, encoding="utf-8"))
+        return directory
 
 
-def bert_key_map(prefixed: bool) -> Callable[[str], str | None]:
-    """Hugging Face BERT checkpoint key -> :class:`BertModel` key (None = skipped).
+def check_load_options(dtype: object, attention: object) -> None:
+    """Validate a loader's ``dtype`` and ``attention`` arguments.
 
-    Args:
-        prefixed: the checkpoint comes from a task model (``BertForMaskedLM`` ...), whose
-            encoder keys start with ``bert.``; its task heads (``cls.``, ``classifier.``,
-            ``qa_outputs.``) are skipped.
-
-    Returns:
-        The key map for :func:`handformer.weights.load_safetensors`. Keys it does
-        not know are returned unchanged (and then reported as unexpected).
+    Raises:
+        TypeError: for a non-floating ``dtype`` or an ``attention`` that is neither an
+            attention kind nor a factory.
     """
-
-    def key_map(key: str) -> str | None:
-        if prefixed:
-            if key.startswith(_TASK_HEADS):
-                return None
-            if not key.startswith("bert."):
-                return key
-            key = key[len("bert."):]
-        if key in ("embeddings.position_ids", "embeddings.token_type_ids"):
-            return None  # constant index buffers, rebuilt by the model
-        leaf = key.rsplit(".", 1)[-1]
-        if leaf in ("gamma", "beta"):  # old LayerNorm names
-            key = key[: -len(leaf)] + ("weight" if leaf == "gamma" else "bias")
-        if key.startswith("embeddings.LayerNorm."):
-            return "embeddings.norm." + key.rsplit(".", 1)[1]
-        m = _LAYER_KEY.fullmatch(key)
-        if m and m.group(2) in _LAYER_NAMES:
-            i, part, leaf = m.groups()
-            return f"encoder.layers.{i}.{_LAYER_NAMES[part]}.{leaf}"
-        return key
-
-    return key_map
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    if attention is not None and not (isinstance(attention, AttentionKind)
+                                      or callable(attention)):
+        raise TypeError(f"attention must be an attention kind or a factory, got "
+                        f"{type(attention).__name__}")

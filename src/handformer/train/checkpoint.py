@@ -37,7 +37,7 @@ from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save as save_safetensors_bytes
 from torch import Tensor, nn
 
-from handformer.weights import CheckpointError, load_safetensors
+from handformer.weights import CheckpointError, checkpoint_problems, load_safetensors
 
 __all__ = ["CheckpointError", "atomic_write_bytes", "save_checkpoint", "load_checkpoint",
            "list_checkpoints", "latest_checkpoint", "verify_checkpoint", "prune_checkpoints",
@@ -229,9 +229,10 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
         ``(trainer_state, rng_tensors)``.
 
     Raises:
-        CheckpointError: for a corrupt checkpoint, another model configuration, missing or
-            mis-shaped weights, or an optimiser state that does not fit. Nothing is loaded
-            then (the model and optimiser are unchanged).
+        CheckpointError: for a corrupt checkpoint, another model configuration, missing,
+            unexpected or mis-shaped weights, or an optimiser state that does not fit (every
+            weight and optimiser problem listed together, by parameter name). Nothing is
+            loaded then (the model and optimiser are unchanged).
     """
     path = Path(path)
     verify_checkpoint(path)
@@ -249,21 +250,40 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
                               f"handformer reads format {FORMAT}")
     tensors = load_safetensors_bytes((path / "trainer_state.safetensors").read_bytes())
     optim_state = _optimizer_state(tensors, meta["optimizer"])
-    if len(optim_state["param_groups"]) != len(optimizer.param_groups) or any(
-            len(a["params"]) != len(b["params"])
-            for a, b in zip(optim_state["param_groups"], optimizer.param_groups, strict=True)):
-        raise CheckpointError(f"checkpoint {path}: the optimiser state does not fit this model")
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    for idx, st in optim_state["state"].items():
-        for key in ("exp_avg", "exp_avg_sq"):
-            if key in st and st[key].shape != params[idx].shape:
-                raise CheckpointError(f"checkpoint {path}: optimiser {key} of parameter {idx} "
-                                      f"is {tuple(st[key].shape)}, the parameter is "
-                                      f"{tuple(params[idx].shape)}")
+    problems = _optimizer_problems(optim_state, optimizer, model)
+    problems += checkpoint_problems(model, path / "model.safetensors")
+    if problems:  # every problem of the weights and of the optimiser state, in one message
+        raise CheckpointError(f"checkpoint {path} does not fit this model; nothing was "
+                              "loaded.\n" + "\n".join(problems))
     load_safetensors(model, path / "model.safetensors")
     optimizer.load_state_dict(optim_state)
     rng = {k[len("rng."):]: v for k, v in tensors.items() if k.startswith("rng.")}
     return meta, rng
+
+
+def _optimizer_problems(optim_state: dict, optimizer: torch.optim.Optimizer,
+                        model: nn.Module) -> list[str]:
+    """What keeps a saved optimiser state from fitting ``optimizer``, by parameter name."""
+    saved = [len(g["params"]) for g in optim_state["param_groups"]]
+    current = [len(g["params"]) for g in optimizer.param_groups]
+    if saved != current:
+        return [f"optimiser state: the checkpoint has parameter groups of sizes {saved}, "
+                f"this optimiser {current}"]
+    names = {id(p): n for n, p in model.named_parameters()}
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    wrong = []
+    for idx, st in sorted(optim_state["state"].items()):
+        if not 0 <= idx < len(params):
+            wrong.append(f"state for parameter {idx}, but the optimiser has {len(params)}")
+            continue
+        param = params[idx]
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in st and st[key].shape != param.shape:
+                wrong.append(f"{names.get(id(param), f'parameter {idx}')}: {key} is "
+                             f"{tuple(st[key].shape)}, the parameter is {tuple(param.shape)}")
+    if not wrong:
+        return []
+    return [f"{len(wrong)} optimiser state mismatches:\n  " + "\n  ".join(wrong)]
 
 
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import MISSING, asdict, dataclass, fields
 
-from handformer.layers import check_dropout, check_positive_int
+from handformer.checks import check_dropout, check_positive_int
 from handformer.models.causal_lm_config import CausalLMConfig
 from handformer.train.schedule import Schedule
 from handformer.train.tasks import SYNTHETIC, TASKS

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from handformer.layers import check_positive_int
+from handformer.checks import check_positive_int
 from handformer.train.data import CharVocab, batch_generator, read_text
 
 __all__ = ["Batch", "Task", "SequenceTask", "LMTask", "SYMBOLS", "SEPARATOR", "SYNTHETIC",

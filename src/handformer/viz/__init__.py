@@ -7,6 +7,9 @@
   one HTML file that opens from disk with no network.
 * :class:`AttentionView` - the viewer inline in a notebook.
 * :func:`summarize` - per layer, which token gets the most attention and the strongest link.
+* :func:`plot_rollout`, :func:`plot_faithfulness`, :func:`plot_logit_lens`,
+  :func:`plot_similarity_lens` - pictures of what :mod:`handformer.inspect` computes;
+  :func:`rollout_payload` - the rollout view of the HTML viewer (``save_html(rollout=...)``).
 
 All of them accept what handformer models return: ``out.attentions`` (one ``(B, H, L, L)``
 tensor per layer), one layer's weights, or one head's ``(L, L)`` matrix.
@@ -15,7 +18,14 @@ tensor per layer), one layer's weights, or one head's ``(L, L)`` matrix.
 from handformer.viz.data import LayerSummary, as_attention_array, summarize
 from handformer.viz.heatmap import MissingGlyphWarning, plot_attention, plot_heads, save_figure
 from handformer.viz.html import render_html, save_html
+from handformer.viz.inspect_plots import (
+    plot_faithfulness,
+    plot_logit_lens,
+    plot_rollout,
+    plot_similarity_lens,
+)
 from handformer.viz.notebook import AttentionView
+from handformer.viz.rollout_view import rollout_payload
 
 __all__ = [
     "plot_attention",
@@ -28,4 +38,9 @@ __all__ = [
     "LayerSummary",
     "as_attention_array",
     "MissingGlyphWarning",
+    "plot_rollout",
+    "plot_faithfulness",
+    "plot_logit_lens",
+    "plot_similarity_lens",
+    "rollout_payload",
 ]

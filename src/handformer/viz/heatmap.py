@@ -117,7 +117,7 @@ def plot_attention(weights: object, tokens: Sequence[str], *, ax: Axes | None = 
         title: the title, e.g. ``"Layer 3, head 5"``.
         pattern: the keys each query may reach, shown beside the weights: a boolean
             ``(L_q, L_k)`` tensor/array (True = may attend) or an attention kind such as
-            ``LocalAttention(2)``. With ``ax`` given, blocked cells are greyed out instead.
+            ``LocalAttention(3)``. With ``ax`` given, blocked cells are greyed out instead.
         key_tokens: key tokens for cross-attention (defaults to ``tokens``).
         cmap: a matplotlib colour map name.
 

@@ -10,6 +10,7 @@ Shape letters: ``N`` layers, ``H`` heads, ``L_q`` queries, ``L_k`` keys.
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import json
 import os
@@ -23,7 +24,7 @@ import numpy as np
 from handformer.viz.data import as_attention_array, as_pattern, check_tokens, encode_weights
 from handformer.viz.files import write_atomic
 
-__all__ = ["render_html", "save_html", "describe_pattern"]
+__all__ = ["render_html", "save_html", "describe_pattern", "viewer_payload", "viewer_page"]
 
 _PLACEHOLDER = re.compile(r"__HF_(TITLE|CSS|JS|DATA)__")
 
@@ -44,6 +45,7 @@ def _json_for_script(payload: dict[str, object]) -> str:
     return text
 
 
+@functools.lru_cache(maxsize=8)
 def _colormap_bytes(cmap: str) -> str:
     import matplotlib
 
@@ -64,15 +66,18 @@ def describe_pattern(allowed: np.ndarray, kind: str | None = None) -> str:
     return text + "."
 
 
-def render_html(attentions: object, tokens: Sequence[str], *, title: str | None = None,
-                pattern: object = None, pattern_label: str | None = None,
-                key_tokens: Sequence[str] | None = None, note: str | None = None,
-                layer: int = 0, head: int = 0, view: str = "heat",
-                cmap: str = "viridis") -> str:
-    """Build the viewer page as a string (see :func:`save_html` for the arguments).
+def viewer_payload(attentions: object, tokens: Sequence[str], *, pattern: object = None,
+                   pattern_label: str | None = None, key_tokens: Sequence[str] | None = None,
+                   note: str | None = None, layer: int = 0, head: int = 0,
+                   view: str = "heat", cmap: str = "viridis",
+                   rollout: dict[str, object] | None = None,
+                   compress: bool = True) -> dict[str, object]:
+    """The data the viewer draws, as a JSON-ready dict (see :func:`save_html` for the
+    arguments): what a page passes to ``window.hfViewer.render(data)``. ``compress=False``
+    sends the 8-bit weights raw at any size (see :func:`~handformer.viz.data.encode_weights`).
 
     Returns:
-        The complete HTML document.
+        A dict of plain JSON values (tokens, sizes, 8-bit weights as base64, pattern bits).
 
     Raises:
         ValueError, TypeError: for inputs that do not fit together (see the messages).
@@ -94,7 +99,9 @@ def render_html(attentions: object, tokens: Sequence[str], *, title: str | None 
     payload: dict[str, object] = {
         "version": 1, "tokens": toks, "key_tokens": keys, "layers": N, "heads": H,
         "layer": layer, "head": head, "view": view, "note": note,
-        "colormap": _colormap_bytes(cmap), **encode_weights(x), "pattern": None,
+        "colormap": _colormap_bytes(cmap), **encode_weights(x, compress=compress),
+        "pattern": None,
+        "rollout": rollout,  # handformer.viz.rollout_view.rollout_payload(), for rollout.js
     }
     if allowed is not None:
         bits = np.packbits(allowed.reshape(-1))  # (ceil(L_q * L_k / 8),)
@@ -102,9 +109,38 @@ def render_html(attentions: object, tokens: Sequence[str], *, title: str | None 
             "bits": base64.b64encode(bits.tobytes()).decode("ascii"),
             "label": describe_pattern(allowed, pattern_label),
         }
+    return payload
+
+
+def render_html(attentions: object, tokens: Sequence[str], *, title: str | None = None,
+                pattern: object = None, pattern_label: str | None = None,
+                key_tokens: Sequence[str] | None = None, note: str | None = None,
+                layer: int = 0, head: int = 0, view: str = "heat",
+                cmap: str = "viridis", rollout: dict[str, object] | None = None) -> str:
+    """Build the viewer page as a string (see :func:`save_html` for the arguments).
+
+    Returns:
+        The complete HTML document.
+
+    Raises:
+        ValueError, TypeError: for inputs that do not fit together (see the messages).
+    """
+    payload = viewer_payload(attentions, tokens, pattern=pattern, pattern_label=pattern_label,
+                             key_tokens=key_tokens, note=note, layer=layer, head=head,
+                             view=view, cmap=cmap, rollout=rollout)
+    return viewer_page(payload, title=title)
+
+
+def viewer_page(payload: dict[str, object], *, title: str | None = None) -> str:
+    """The viewer page around data from :func:`viewer_payload` (styles and script inlined).
+
+    Returns:
+        The complete HTML document.
+    """
     title = title or "Attention"
     parts = {"TITLE": html.escape(title), "CSS": _asset("viewer.css"),
-             "JS": _asset("viewer.js"), "DATA": _json_for_script(payload)}
+             "JS": _asset("viewer.js") + "\n" + _asset("rollout.js"),
+             "DATA": _json_for_script(payload)}
     return _PLACEHOLDER.sub(lambda m: parts[m.group(1)], _asset("viewer.html"))
 
 
@@ -112,7 +148,7 @@ def save_html(attentions: object, tokens: Sequence[str], path: str | os.PathLike
               title: str | None = None, pattern: object = None,
               pattern_label: str | None = None, key_tokens: Sequence[str] | None = None,
               note: str | None = None, layer: int = 0, head: int = 0, view: str = "heat",
-              cmap: str = "viridis") -> Path:
+              cmap: str = "viridis", rollout: dict[str, object] | None = None) -> Path:
     """Write the interactive viewer as one self-contained HTML file (atomically).
 
     The page has a heat-map view (canvas; stays fast at 512 tokens), a head view (lines from
@@ -135,6 +171,8 @@ def save_html(attentions: object, tokens: Sequence[str], path: str | os.PathLike
         head: the head shown first in the heat map (-1 = mean of heads).
         view: the view shown first: ``"heat"``, ``"head"`` or ``"model"``.
         cmap: a matplotlib colour map name for the heat maps.
+        rollout: a rollout view under the others
+            (:func:`handformer.viz.rollout_view.rollout_payload`).
 
     Returns:
         The path written.
@@ -145,5 +183,5 @@ def save_html(attentions: object, tokens: Sequence[str], path: str | os.PathLike
     """
     page = render_html(attentions, tokens, title=title, pattern=pattern,
                        pattern_label=pattern_label, key_tokens=key_tokens, note=note,
-                       layer=layer, head=head, view=view, cmap=cmap)
+                       layer=layer, head=head, view=view, cmap=cmap, rollout=rollout)
     return write_atomic(path, page.encode("utf-8"))

@@ -1,17 +1,26 @@
-/* handformer attention viewer. Everything it shows comes from the JSON in #hf-data; it loads
-   nothing from the network. Weights are 8-bit per value, each head scaled to [lo, hi]. */
+/* handformer attention viewer. Everything it shows comes from the JSON in #hf-data (or from
+   window.hfViewer.render(data) with the same JSON); it loads nothing from the network.
+   Weights are 8-bit per value, each head scaled to [lo, hi]. */
 "use strict";
 (function () {
-  const D = JSON.parse(document.getElementById("hf-data").textContent);
-  const N = D.layers, H = D.heads, QT = D.tokens, KT = D.key_tokens || D.tokens;
-  const LQ = QT.length, LK = KT.length, LEVELS = D.levels || 255;
+  // The data shown now; setData() replaces all of it (render() draws new data in place).
+  let D = null, N = 0, H = 0, QT = [], KT = [], LQ = 0, LK = 0, LEVELS = 255;
   const $ = (id) => document.getElementById(id);
-  const S = { view: "heat", layer: D.layer || 0, head: D.head || 0, heads: new Set(),
+  const S = { view: "heat", layer: 0, head: 0, heads: new Set(),
               query: null, hover: null, hoverKey: null, boost: false };
   let W = null;    // Uint8Array (N * H * LQ * LK)
   let PAT = null;  // Uint8Array (LQ * LK) of 0/1, or null
-  const LUT = bytes(D.colormap);  // 256 x RGB
+  let LUT = null;  // 256 x RGB
   const meanCache = new Map();
+
+  function setData(data) {
+    D = data;
+    N = D.layers; H = D.heads; QT = D.tokens; KT = D.key_tokens || D.tokens;
+    LQ = QT.length; LK = KT.length; LEVELS = D.levels || 255;
+    LUT = bytes(D.colormap);
+    meanCache.clear();
+    thumbs.clear();
+  }
 
   function bytes(b64) {
     const bin = atob(b64);
@@ -20,9 +29,9 @@
     return out;
   }
 
-  async function decode() {
-    const raw = bytes(D.data);
-    if (D.encoding === "raw") return raw;
+  async function decode(d) {
+    const raw = bytes(d.data);
+    if (d.encoding === "raw") return raw;
     if (typeof DecompressionStream === "undefined") {
       throw new Error("this browser cannot inflate the compressed weights " +
                       "(DecompressionStream is missing); open the file in a recent browser");
@@ -131,6 +140,7 @@
   // ---- sentence strip --------------------------------------------------------------------
   function buildTokens() {
     const box = $("tokens");
+    box.textContent = "";
     const frag = document.createDocumentFragment();
     QT.forEach(function (t, i) {
       const el = document.createElement("span");
@@ -141,13 +151,6 @@
       frag.appendChild(el);
     });
     box.appendChild(frag);
-    box.addEventListener("mouseover", function (e) {
-      if (e.target.dataset.i !== undefined) { S.hover = +e.target.dataset.i; redraw(); }
-    });
-    box.addEventListener("mouseleave", function () { S.hover = null; redraw(); });
-    box.addEventListener("click", function (e) {
-      if (e.target.dataset.i !== undefined) pin(+e.target.dataset.i);
-    });
   }
 
   // Attention from the active query to every key, for colouring the sentence.
@@ -289,6 +292,7 @@
 
   function buildChips() {
     const box = $("head-chips");
+    box.textContent = "";
     for (let h = 0; h < H; h++) {
       const b = document.createElement("button");
       b.className = "chip";
@@ -306,14 +310,6 @@
       b.dataset.set = name;
       b.textContent = name;
       box.appendChild(b);
-    });
-    box.addEventListener("click", function (e) {
-      const b = e.target.closest("button");
-      if (!b) return;
-      if (b.dataset.set === "all") for (let h = 0; h < H; h++) S.heads.add(h);
-      else if (b.dataset.set === "none") S.heads.clear();
-      else { const h = +b.dataset.h; if (S.heads.has(h)) S.heads.delete(h); else S.heads.add(h); }
-      redraw();
     });
   }
 
@@ -492,6 +488,7 @@
   }
 
   function fillSelect(sel, items, value) {
+    sel.textContent = "";
     items.forEach(function (it) {
       const o = document.createElement("option");
       o.value = it[0]; o.textContent = it[1];
@@ -500,16 +497,21 @@
     sel.value = String(value);
   }
 
-  function init(weights) {
+  // Show the data set by setData(); `first` = the page's first data (its own layer, head and
+  // view), else the reader's current layer, head and view are kept where they still exist.
+  function show(weights, first) {
     W = weights;
     if (W.length !== N * H * LQ * LK) {
       throw new Error("the weights hold " + W.length + " values, expected " + N * H * LQ * LK);
     }
-    if (D.pattern) {
-      PAT = unpackBits(D.pattern.bits, LQ * LK);
-      $("pattern-panel").hidden = false;
-      $("pattern-caption").textContent = D.pattern.label;
-    }
+    PAT = D.pattern ? unpackBits(D.pattern.bits, LQ * LK) : null;
+    $("pattern-panel").hidden = !D.pattern;
+    $("pattern-caption").textContent = D.pattern ? D.pattern.label : "";
+    if (first) { S.layer = D.layer || 0; S.head = D.head || 0; }
+    if (S.layer >= N) S.layer = 0;
+    if (S.head >= H) S.head = 0;
+    S.query = null; S.hover = null; S.hoverKey = null;
+    S.heads.clear();
     for (let h = 0; h < H; h++) S.heads.add(h);
     const info = [LQ + " tokens", N + " layer" + (N > 1 ? "s" : "") + " \u00d7 " + H + " head" + (H > 1 ? "s" : "")];
     if (D.note) info.push(D.note);
@@ -520,6 +522,31 @@
     buildTokens();
     buildChips();
     drawColourbar();
+    setView(first ? D.view || "heat" : S.view);
+    draw();
+    if (first) document.body.dataset.openMs = String(Math.round(performance.now()));
+    document.body.dataset.renders = String(+(document.body.dataset.renders || 0) + 1);
+    document.body.dataset.ready = "1";
+  }
+
+  // Event handlers, bound once; they read the current data through the variables above.
+  function bind() {
+    const box = $("tokens");
+    box.addEventListener("mouseover", function (e) {
+      if (e.target.dataset.i !== undefined) { S.hover = +e.target.dataset.i; redraw(); }
+    });
+    box.addEventListener("mouseleave", function () { S.hover = null; redraw(); });
+    box.addEventListener("click", function (e) {
+      if (e.target.dataset.i !== undefined) pin(+e.target.dataset.i);
+    });
+    $("head-chips").addEventListener("click", function (e) {
+      const b = e.target.closest("button");
+      if (!b) return;
+      if (b.dataset.set === "all") for (let h = 0; h < H; h++) S.heads.add(h);
+      else if (b.dataset.set === "none") S.heads.clear();
+      else { const h = +b.dataset.h; if (S.heads.has(h)) S.heads.delete(h); else S.heads.add(h); }
+      redraw();
+    });
     $("layer").addEventListener("change", function (e) { S.layer = +e.target.value; redraw(); });
     $("head").addEventListener("change", function (e) { S.head = +e.target.value; redraw(); });
     $("boost").addEventListener("change", function (e) {
@@ -555,7 +582,7 @@
       setView("heat");
     });
     document.addEventListener("keydown", function (e) {
-      if (e.target.tagName === "SELECT" || e.target.tagName === "INPUT") return;
+      if (["SELECT", "INPUT", "TEXTAREA"].includes(e.target.tagName)) return;
       if (e.key === "Escape") { S.query = null; redraw(); }
       else if (e.key === "ArrowRight" || e.key === "ArrowDown") {
         S.query = S.query === null ? 0 : Math.min(LQ - 1, S.query + 1); redraw();
@@ -568,10 +595,6 @@
       clearTimeout(resizeTimer);
       resizeTimer = setTimeout(redraw, 150);
     });
-    setView(D.view || "heat");
-    draw();
-    document.body.dataset.openMs = String(Math.round(performance.now()));
-    document.body.dataset.ready = "1";
   }
 
   function fail(err) {
@@ -582,6 +605,24 @@
     throw err;
   }
 
-  window.hfViewer = { state: S, redraw: redraw, data: D };
-  decode().then(init).catch(fail);
+  // Draw new viewer data (the JSON of #hf-data) in place of the current one; resolves once
+  // it is shown. Pages that fetch their data (`handformer serve`) call it.
+  // Only the latest call is shown when several overlap.
+  let bound = false, latest = 0;
+  function render(data, first) {
+    const call = ++latest;
+    return decode(data).then(function (w) {
+      if (call !== latest) return;
+      setData(data);
+      window.hfViewer.data = data;
+      if (!bound) { bind(); bound = true; }
+      show(w, first === true);
+    });
+  }
+
+  window.hfViewer = { state: S, redraw: redraw, data: null, render: render };
+  const embedded = document.getElementById("hf-data");
+  if (embedded && embedded.textContent.trim()) {
+    render(JSON.parse(embedded.textContent), true).catch(fail);
+  }
 })();

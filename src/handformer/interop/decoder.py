@@ -1,8 +1,9 @@
 """``torch.nn`` <-> handformer converters for the decoder side.
 
 Registers ``nn.TransformerDecoderLayer``, ``nn.TransformerDecoder`` and ``nn.Transformer`` in
-:data:`handformer.interop.FROM_TORCH` / :data:`~handformer.interop.TO_TORCH` (imported by
-:mod:`handformer.interop`, so ``from_torch`` / ``to_torch`` cover them).
+the tables of :mod:`handformer.interop.encoder` (imports go one way: this module imports that
+one, never the reverse; :mod:`handformer.interop` imports both, so ``from_torch`` /
+``to_torch`` cover them).
 
 torch's decoder layer is causal only when given a ``tgt_mask``; handformer's is causal by
 default (``causal=True``). Converted torch modules are batch-first.
@@ -14,14 +15,14 @@ import torch
 from torch import nn
 
 from handformer.decoder_layer import DecoderLayer
-from handformer.interop import (
+from handformer.interop.encoder import (
     FROM_TORCH,
     TO_TORCH,
-    _copy_linear,
-    _mha_from_torch,
-    _mha_to_torch,
     activation_name,
+    copy_linear,
     copy_norm,
+    mha_from_torch,
+    mha_to_torch,
 )
 from handformer.models.decoder import Decoder
 from handformer.models.transformer import Transformer
@@ -57,10 +58,10 @@ def _decoder_layer_from_torch(m: nn.TransformerDecoderLayer) -> DecoderLayer:
         dropout=m.dropout.p, activation=activation_name(m.activation), norm_first=m.norm_first,
         layer_norm_eps=m.norm1.eps, bias=m.linear1.bias is not None,
     )
-    out.self_attn = _mha_from_torch(m.self_attn)
-    out.cross_attn = _mha_from_torch(m.multihead_attn)
-    _copy_linear(out.ff.linear1, m.linear1.weight, m.linear1.bias)
-    _copy_linear(out.ff.linear2, m.linear2.weight, m.linear2.bias)
+    out.self_attn = mha_from_torch(m.self_attn)
+    out.cross_attn = mha_from_torch(m.multihead_attn)
+    copy_linear(out.ff.linear1, m.linear1.weight, m.linear1.bias)
+    copy_linear(out.ff.linear2, m.linear2.weight, m.linear2.bias)
     for name in ("norm1", "norm2", "norm3"):
         copy_norm(getattr(out, name), getattr(m, name))
     return out
@@ -73,10 +74,10 @@ def _decoder_layer_to_torch(m: DecoderLayer) -> nn.TransformerDecoderLayer:
         activation=_torch_activation(m.ff.activation_name), layer_norm_eps=m.norm1.eps,
         batch_first=True, norm_first=m.norm_first, bias=m.ff.linear1.bias is not None,
     )
-    out.self_attn = _mha_to_torch(m.self_attn)
-    out.multihead_attn = _mha_to_torch(m.cross_attn)
-    _copy_linear(out.linear1, m.ff.linear1.weight, m.ff.linear1.bias)
-    _copy_linear(out.linear2, m.ff.linear2.weight, m.ff.linear2.bias)
+    out.self_attn = mha_to_torch(m.self_attn)
+    out.multihead_attn = mha_to_torch(m.cross_attn)
+    copy_linear(out.linear1, m.ff.linear1.weight, m.ff.linear1.bias)
+    copy_linear(out.linear2, m.ff.linear2.weight, m.ff.linear2.bias)
     for name in ("norm1", "norm2", "norm3"):
         copy_norm(getattr(out, name), getattr(m, name))
     return out

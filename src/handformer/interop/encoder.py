@@ -1,13 +1,10 @@
-"""Convert between ``torch.nn`` modules and handformer modules, weights included.
+"""``torch.nn`` <-> handformer converters: the table, attention and the encoder layer.
 
-``from_torch(module)`` builds the handformer module with the same weights; ``to_torch(module)``
-goes back. handformer modules are batch-first: a converted ``batch_first=False`` torch module
-expects ``(B, L, E)`` inputs afterwards (transpose ``(L, B, E)`` inputs with ``x.transpose(0,
-1)``). Masks change convention too: convert torch masks with
-:func:`handformer.masks.from_torch_mask`.
-
-The conversion table is a dict from type to converter, so other modules (decoder layers,
-whole transformers) register beside these.
+Holds the conversion tables :data:`FROM_TORCH` / :data:`TO_TORCH` (dicts from type to
+converter), :func:`from_torch` / :func:`to_torch` that look them up, the helpers every
+converter shares, and the converters of ``nn.MultiheadAttention`` and
+``nn.TransformerEncoderLayer``. :mod:`handformer.interop.decoder` registers the decoder side
+beside these; :mod:`handformer.interop` imports both.
 """
 
 from __future__ import annotations
@@ -21,7 +18,8 @@ from torch import nn
 from handformer.attention.kinds import FullAttention
 from handformer.layers import EncoderLayer, MultiHeadAttention
 
-__all__ = ["from_torch", "to_torch", "FROM_TORCH", "TO_TORCH"]
+__all__ = ["from_torch", "to_torch", "FROM_TORCH", "TO_TORCH", "copy_linear", "copy_norm",
+           "mha_from_torch", "mha_to_torch", "activation_name"]
 
 FROM_TORCH: dict[type, Callable[[nn.Module], nn.Module]] = {}
 TO_TORCH: dict[type, Callable[[nn.Module], nn.Module]] = {}
@@ -30,8 +28,10 @@ TO_TORCH: dict[type, Callable[[nn.Module], nn.Module]] = {}
 def from_torch(module: nn.Module) -> nn.Module:
     """Convert a ``torch.nn`` module to the equivalent handformer module (weights copied).
 
-    Supported: ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` (plus the decoder
-    side once registered). The result is in the same train/eval mode as ``module``.
+    Supported: ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer``, plus
+    ``nn.TransformerDecoderLayer``, ``nn.TransformerDecoder`` and ``nn.Transformer`` once
+    :mod:`handformer.interop.decoder` is imported (``import handformer.interop`` does). The
+    result is in the same train/eval mode as ``module``.
 
     Raises:
         TypeError: for unsupported module types.
@@ -73,7 +73,7 @@ def _like(out: nn.Module, module: nn.Module) -> nn.Module:
 
 
 @torch.no_grad()
-def _copy_linear(dst: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+def copy_linear(dst: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
     dst.weight.copy_(weight)
     if dst.bias is not None:
         dst.bias.copy_(bias)
@@ -81,7 +81,7 @@ def _copy_linear(dst: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None
 
 # ---- MultiheadAttention --------------------------------------------------------------------
 
-def _mha_from_torch(m: nn.MultiheadAttention) -> MultiHeadAttention:
+def mha_from_torch(m: nn.MultiheadAttention) -> MultiHeadAttention:
     if m.bias_k is not None or m.add_zero_attn:
         raise ValueError("from_torch: add_bias_kv and add_zero_attn are not supported")
     E = m.embed_dim
@@ -93,15 +93,15 @@ def _mha_from_torch(m: nn.MultiheadAttention) -> MultiHeadAttention:
     else:
         wq, wk, wv = m.q_proj_weight, m.k_proj_weight, m.v_proj_weight
     bq, bk, bv = m.in_proj_bias.chunk(3) if bias else (None, None, None)
-    _copy_linear(out.q_proj, wq, bq)
-    _copy_linear(out.k_proj, wk, bk)
-    _copy_linear(out.v_proj, wv, bv)
-    _copy_linear(out.out_proj, m.out_proj.weight, m.out_proj.bias)
+    copy_linear(out.q_proj, wq, bq)
+    copy_linear(out.k_proj, wk, bk)
+    copy_linear(out.v_proj, wv, bv)
+    copy_linear(out.out_proj, m.out_proj.weight, m.out_proj.bias)
     return out
 
 
 @torch.no_grad()
-def _mha_to_torch(m: MultiHeadAttention) -> nn.MultiheadAttention:
+def mha_to_torch(m: MultiHeadAttention) -> nn.MultiheadAttention:
     if not isinstance(m.attention, FullAttention):
         raise ValueError(
             f"to_torch: torch.nn.MultiheadAttention has no {type(m.attention).__name__}"
@@ -121,7 +121,7 @@ def _mha_to_torch(m: MultiHeadAttention) -> nn.MultiheadAttention:
         out.v_proj_weight.copy_(m.v_proj.weight)
     if bias:
         out.in_proj_bias.copy_(torch.cat([m.q_proj.bias, m.k_proj.bias, m.v_proj.bias]))
-    _copy_linear(out.out_proj, m.out_proj.weight, m.out_proj.bias)
+    copy_linear(out.out_proj, m.out_proj.weight, m.out_proj.bias)
     return out
 
 
@@ -152,9 +152,9 @@ def _encoder_layer_from_torch(m: nn.TransformerEncoderLayer) -> EncoderLayer:
         dropout=m.dropout.p, activation=activation_name(m.activation), norm_first=m.norm_first,
         layer_norm_eps=m.norm1.eps, bias=m.linear1.bias is not None,
     )
-    out.self_attn = _mha_from_torch(m.self_attn)
-    _copy_linear(out.ff.linear1, m.linear1.weight, m.linear1.bias)
-    _copy_linear(out.ff.linear2, m.linear2.weight, m.linear2.bias)
+    out.self_attn = mha_from_torch(m.self_attn)
+    copy_linear(out.ff.linear1, m.linear1.weight, m.linear1.bias)
+    copy_linear(out.ff.linear2, m.linear2.weight, m.linear2.bias)
     copy_norm(out.norm1, m.norm1)
     copy_norm(out.norm2, m.norm2)
     return out
@@ -168,18 +168,15 @@ def _encoder_layer_to_torch(m: EncoderLayer) -> nn.TransformerEncoderLayer:
         dropout=m.dropout1.p, activation=activation[m.ff.activation_name],
         layer_norm_eps=m.norm1.eps, batch_first=True, norm_first=m.norm_first, bias=bias,
     )
-    out.self_attn = _mha_to_torch(m.self_attn)
-    _copy_linear(out.linear1, m.ff.linear1.weight, m.ff.linear1.bias)
-    _copy_linear(out.linear2, m.ff.linear2.weight, m.ff.linear2.bias)
+    out.self_attn = mha_to_torch(m.self_attn)
+    copy_linear(out.linear1, m.ff.linear1.weight, m.ff.linear1.bias)
+    copy_linear(out.linear2, m.ff.linear2.weight, m.ff.linear2.bias)
     copy_norm(out.norm1, m.norm1)
     copy_norm(out.norm2, m.norm2)
     return out
 
 
-FROM_TORCH[nn.MultiheadAttention] = _mha_from_torch
+FROM_TORCH[nn.MultiheadAttention] = mha_from_torch
 FROM_TORCH[nn.TransformerEncoderLayer] = _encoder_layer_from_torch
-TO_TORCH[MultiHeadAttention] = _mha_to_torch
+TO_TORCH[MultiHeadAttention] = mha_to_torch
 TO_TORCH[EncoderLayer] = _encoder_layer_to_torch
-
-# The decoder side (TransformerDecoderLayer, TransformerDecoder, Transformer) registers itself.
-from handformer import interop_decoder  # noqa: E402, F401

@@ -1,0 +1,191 @@
+"""``handformer serve`` latency and throughput, against the direct Python call.
+
+The server runs in its own process (``python -m handformer serve --port 0``, the bundled
+all-MiniLM-L6-v2); requests go through httpx over 127.0.0.1. The reference, measured in this
+process interleaved with the requests, is the direct call a Python user makes for the same
+attention maps: ``model(**tokenizer([text]), need_weights=True)``, timed both in the main
+thread and in a worker thread (where the server runs it); the faster of the two is the
+reference. (On a loaded 2-core machine torch's two intra-op threads can make the main-thread
+call several times slower than the same call in a worker thread.)
+
+* 15-token ``/api/run`` (the seed sentence): p50 and p95; target p50 <= 1.5 x direct + 10 ms.
+* Requests per second with 8 concurrent clients (and with 1, for scale).
+* A 512-token ``/api/run``: target <= 2 x its direct call.
+
+Usage: ``python benchmarks/bench_serve.py`` (``HANDFORMER_BENCH_QUICK=1`` for one quick round).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import QUICK, interleaved_runs, machine, machine_line, write_results  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SEED = "The animal didn't cross the street because it was too tired"
+
+
+def start_server() -> tuple[subprocess.Popen, str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "handformer", "serve", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=ROOT)
+    line = proc.stdout.readline()
+    if "http://" not in line:
+        proc.kill()
+        raise RuntimeError(f"the server did not start: {line!r} {proc.stderr.read()[-1000:]}")
+    return proc, "http://" + line.split("http://", 1)[1].split()[0].rstrip("/")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def throughput(url: str, clients: int, per_client: int) -> float:
+    import httpx
+
+    errors: list[str] = []
+
+    def work() -> None:
+        with httpx.Client(base_url=url, timeout=300) as c:
+            for _ in range(per_client):
+                r = c.post("/api/run", json={"text": SEED})
+                if r.status_code != 200:
+                    errors.append(r.text)
+
+    threads = [threading.Thread(target=work) for _ in range(clients)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - start
+    if errors:
+        raise RuntimeError(f"{len(errors)} requests failed: {errors[0][:200]}")
+    return clients * per_client / seconds
+
+
+def main() -> int:
+    import httpx
+    import torch
+
+    from handformer.pretrained import load_bert
+
+    warnings.simplefilter("ignore")  # the 512-token text is truncated on purpose
+    model, tokenizer = load_bert()
+    long_text = " ".join([SEED + "."] * 50)
+    proc, url = start_server()
+    try:
+        client = httpx.Client(base_url=url, timeout=300)
+
+        def direct(text: str) -> None:
+            with torch.inference_mode():
+                model(**tokenizer([text]), need_weights=True)
+
+        worker = ThreadPoolExecutor(1)
+
+        def direct_in_thread(text: str) -> None:
+            worker.submit(direct, text).result()
+
+        def request(text: str) -> None:
+            r = client.post("/api/run", json={"text": text})
+            r.raise_for_status()
+            r.json()
+
+        assert len(client.post("/api/run", json={"text": SEED}).json()["tokens"]) == 15
+        runs = interleaved_runs({"http": lambda: request(SEED),
+                                 "direct_main": lambda: direct(SEED),
+                                 "direct_thread": lambda: direct_in_thread(SEED)},
+                                repeats=5 if QUICK else 60, warmup=3)
+        ref = min(("direct_main", "direct_thread"), key=lambda k: statistics.median(runs[k]))
+        short = {"tokens": 15, "http_p50_ms": 1e3 * statistics.median(runs["http"]),
+                 "http_p95_ms": 1e3 * percentile(runs["http"], 0.95),
+                 "direct_p50_ms": 1e3 * statistics.median(runs[ref]),
+                 "direct_p95_ms": 1e3 * percentile(runs[ref], 0.95), "reference": ref,
+                 "direct_main_p50_ms": 1e3 * statistics.median(runs["direct_main"]),
+                 "direct_thread_p50_ms": 1e3 * statistics.median(runs["direct_thread"])}
+        short["ratio_p50"] = short["http_p50_ms"] / short["direct_p50_ms"]
+        short["budget_ms"] = 1.5 * short["direct_p50_ms"] + 10.0
+        short["within_target"] = short["http_p50_ms"] <= short["budget_ms"]
+        short["runs_s"] = runs
+
+        per = 2 if QUICK else 12
+        rps = {"clients_8": throughput(url, 8, per), "clients_1": throughput(url, 1, per * 2)}
+
+        assert len(client.post("/api/run", json={"text": long_text}).json()["tokens"]) == 512
+        long_runs = interleaved_runs({"http": lambda: request(long_text),
+                                      "direct_main": lambda: direct(long_text),
+                                      "direct_thread": lambda: direct_in_thread(long_text)},
+                                     repeats=1 if QUICK else 7, warmup=1)
+        long_ref = min(("direct_main", "direct_thread"),
+                       key=lambda k: statistics.median(long_runs[k]))
+        long = {"tokens": 512, "http_s": statistics.median(long_runs["http"]),
+                "direct_s": statistics.median(long_runs[long_ref]), "reference": long_ref,
+                "runs_s": long_runs}
+        long["ratio"] = long["http_s"] / long["direct_s"]
+        long["within_target"] = long["ratio"] <= 2.0
+        client.close()
+        worker.shutdown()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+    print(f"15-token /api/run: p50 {short['http_p50_ms']:.1f} ms, p95 {short['http_p95_ms']:.1f} "
+          f"ms; direct call p50 {short['direct_p50_ms']:.1f} ms (main thread "
+          f"{short['direct_main_p50_ms']:.1f}, worker thread {short['direct_thread_p50_ms']:.1f});"
+          f" ratio {short['ratio_p50']:.2f}"
+          f" (target p50 <= 1.5 x direct + 10 ms = {short['budget_ms']:.1f} ms: "
+          f"{'met' if short['within_target'] else 'MISSED'})")
+    print(f"requests/s: {rps['clients_8']:.1f} with 8 concurrent clients, "
+          f"{rps['clients_1']:.1f} with 1")
+    print(f"512-token /api/run: {long['http_s']:.2f} s; direct {long['direct_s']:.2f} s; ratio "
+          f"{long['ratio']:.2f} (target <= 2: {'met' if long['within_target'] else 'MISSED'})")
+    markdown = "\n".join([
+        "# handformer serve: latency and throughput",
+        "",
+        machine_line(),
+        "",
+        "Server in its own process (bundled all-MiniLM-L6-v2), httpx over 127.0.0.1; the "
+        "reference is the direct call `model(**tokenizer([text]), need_weights=True)` in the "
+        "benchmark's process, interleaved with the requests, in the main thread and in a "
+        "worker thread (the reference is the faster).",
+        "",
+        "| measurement | value | target |",
+        "|---|---|---|",
+        f"| `/api/run`, 15 tokens, p50 / p95 | {short['http_p50_ms']:.1f} / "
+        f"{short['http_p95_ms']:.1f} ms | p50 <= {short['budget_ms']:.1f} ms "
+        f"({'met' if short['within_target'] else 'missed'}) |",
+        f"| direct call, 15 tokens, p50 / p95 (faster of main / worker thread) | "
+        f"{short['direct_p50_ms']:.1f} / {short['direct_p95_ms']:.1f} ms | |",
+        f"| direct call p50, main thread / worker thread | {short['direct_main_p50_ms']:.1f} / "
+        f"{short['direct_thread_p50_ms']:.1f} ms | |",
+        f"| ratio p50 request / direct | {short['ratio_p50']:.2f} | <= 1.5 x + 10 ms |",
+        f"| requests/s, 8 concurrent clients | {rps['clients_8']:.1f} | |",
+        f"| requests/s, 1 client | {rps['clients_1']:.1f} | |",
+        f"| `/api/run`, 512 tokens / direct | {long['http_s']:.2f} s / {long['direct_s']:.2f} s"
+        f" = {long['ratio']:.2f} | <= 2 ({'met' if long['within_target'] else 'missed'}) |",
+        "",
+        "The request includes tokenization, the forward pass with weights, the viewer data "
+        "(8-bit weights, sent raw as base64: faster than deflate on a local connection) and "
+        "JSON both ways. Other processes "
+        "may share the CPU while this runs; see the individual runs in the JSON file.",
+        "",
+    ])
+    write_results("serve", {"machine": machine(), "run_15": short, "requests_per_s": rps,
+                            "run_512": long}, markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""What every sub-command shares: the usage error, one-line notes, the ``--device`` option.
+
+* :class:`UsageError` -- bad input from the command line; ``handformer.cli.main`` prints it as
+  one line (``handformer CMD: error: ...``) and exits 2.
+* :func:`note` -- a one-line ``note: ...`` on stderr, for things the user should know that
+  are not errors (text cut to the model's limit, generation stopped at the context). Notes go
+  to stderr so that what a command prints on stdout (JSON, generated text) stays clean.
+* :func:`add_device_argument` and :func:`resolve_device` -- the ``--device auto|cpu|cuda``
+  option (``cuda:N`` picks a GPU), one resolution for every command that runs a model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported lazily: `handformer --help` stays fast
+    import torch
+
+__all__ = ["UsageError", "note", "add_device_argument", "resolve_device", "DEVICE_HELP"]
+
+DEVICE_HELP = ("where the model runs: auto (CUDA if available, else CPU), cpu, cuda or cuda:N "
+               "(default auto)")
+
+
+class UsageError(ValueError):
+    """Bad input from the command line: printed as one line, exit code 2."""
+
+
+def note(message: str) -> None:
+    """Print ``note: MESSAGE`` as one line on stderr (whitespace runs collapsed)."""
+    sys.stderr.write("note: " + " ".join(str(message).split()) + "\n")
+    sys.stderr.flush()
+
+
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--device`` (default ``auto``); pass ``args.device`` to :func:`resolve_device`."""
+    parser.add_argument("--device", default="auto", metavar="DEVICE", help=DEVICE_HELP)
+
+
+def resolve_device(name: str) -> torch.device:
+    """The ``torch.device`` for a ``--device`` value.
+
+    Args:
+        name: ``"auto"`` (the first CUDA GPU if there is one, else the CPU), ``"cpu"``,
+            ``"cuda"`` or ``"cuda:N"``.
+
+    Returns:
+        The device.
+
+    Raises:
+        UsageError: for another name, or CUDA asked for where there is none (the message
+            says whether torch was built without CUDA or no GPU is visible), or a GPU index
+            beyond the GPUs present.
+    """
+    import torch
+
+    text = str(name).strip().lower()
+    if text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if text == "cpu":
+        return torch.device("cpu")
+    m = re.fullmatch(r"cuda(?::(\d+))?", text)
+    if m is None:
+        raise UsageError(f"--device must be auto, cpu, cuda or cuda:N, got {name!r}")
+    if not torch.cuda.is_available():
+        why = (f"this PyTorch build ({torch.__version__}) has no CUDA support"
+               if torch.version.cuda is None else
+               "no CUDA GPU is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES)")
+        raise UsageError(f"--device {name}: {why}; use --device cpu (or auto, which falls "
+                         "back to the CPU)")
+    index = int(m.group(1)) if m.group(1) is not None else 0
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise UsageError(f"--device {name}: there {'is' if count == 1 else 'are'} only "
+                         f"{count} CUDA device{'s' * (count != 1)} (cuda:0..cuda:{count - 1})")
+    return torch.device("cuda", index)

@@ -1,0 +1,143 @@
+"""``handformer serve``: the live web app on a model (the viewer page + a JSON API).
+
+Binds ``--host`` (default 127.0.0.1: only this machine can connect; any other host prints a
+warning) and ``--port`` (default 8000; 0 picks a free port), prints the URL, and serves until
+Ctrl+C / SIGTERM, which stop it within about a second. A port in use is a one-line error
+with exit code 2. Needs ``pip install handformer[serve]`` (Starlette and uvicorn).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+
+from handformer.commands.common import UsageError, add_device_argument, resolve_device
+
+NAME = "serve"
+HELP = "Serve a live web app: type text, see the attention, ablate heads, generate."
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+GRACE_S = 0.5  # seconds open connections get at shutdown
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", metavar="DIR", default=None,
+                        help="BERT-family folder (default: the bundled all-MiniLM-L6-v2), or a "
+                             "GPT-2 / handformer train folder (causal LM: adds generation)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default 127.0.0.1, this machine only)")
+    parser.add_argument("--port", type=int, default=8000,
+                        help="port to listen on (default 8000; 0 = any free port)")
+    add_device_argument(parser)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (so a port in use fails before the model loads)."""
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port must be in 0..65535, got {port}")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise UsageError(f"--host {host}: cannot resolve it ({exc.strerror})") from None
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Accepted connections inherit this: a response's header and body writes leave at once
+    # instead of the body waiting for the client's delayed ACK (up to 40 ms, Nagle).
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise UsageError(f"port {port} on {host} is in use; stop the other server or pass "
+                             "another --port (0 picks a free one)") from None
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def run(args: argparse.Namespace) -> int:
+    from handformer.serve.app import require_starlette
+
+    try:
+        require_starlette()
+    except ImportError as exc:
+        raise UsageError(str(exc)) from None
+    device = str(resolve_device(args.device))
+    loopback = args.host in LOOPBACK
+    if not loopback:
+        sys.stderr.write(f"warning: --host {args.host} lets other machines reach this server "
+                         "(no authentication); use the default 127.0.0.1 unless you mean it\n")
+    sock = _bind(args.host, args.port)
+    try:
+        import uvicorn
+
+        from handformer.serve import ModelState, create_app
+
+        port = sock.getsockname()[1]
+        state = ModelState(args.model, device=device)
+        hosts = None
+        if loopback:
+            hosts = {f"{h}:{port}" for h in ("127.0.0.1", "localhost", "[::1]")}
+        app = create_app(state, allowed_hosts=hosts)
+        config = uvicorn.Config(app, log_level="warning", lifespan="off",
+                                timeout_graceful_shutdown=GRACE_S, access_log=False)
+        server = _server_class(uvicorn)(config)
+        # From the moment the URL is printed, a signal stops the server cleanly.
+        old = {sig: signal.signal(sig, server.stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        shown = f"[{args.host}]" if ":" in args.host else args.host
+        print(f"handformer serve: {state.name} ({'causal LM' if state.causal else 'encoder'}, "
+              f"{state.num_layers} layers x {state.num_heads} heads) at "
+              f"http://{shown}:{port}/  (Ctrl+C stops it)", flush=True)
+        try:
+            server.run(sockets=[sock])
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+    finally:
+        sock.close()
+    print(f"handformer serve: stopped{server.stop_reason}", flush=True)
+    if server.stop_reason:
+        # Stopped by a signal: the socket is closed and the output flushed; nothing is left
+        # to clean up. Skip the interpreter's teardown, which with torch loaded alone takes
+        # 1-2 s on a busy machine, so the process ends as soon as it said it stopped.
+        sys.stderr.flush()
+        os._exit(0)
+    return 0
+
+
+def _server_class(uvicorn: object) -> type:
+    """uvicorn's server, stopping on SIGINT / SIGTERM without re-raising the signal after the
+    shutdown (uvicorn does, which would turn a clean stop into a KeyboardInterrupt)."""
+
+    class Server(uvicorn.Server):
+        stop_reason = ""
+
+        def stop(self, sig: int, frame: object) -> None:
+            """The SIGINT / SIGTERM handler: shut down (at once on a second signal)."""
+            self.stop_reason = f" ({signal.Signals(sig).name})"
+            self.force_exit = self.should_exit
+            self.should_exit = True
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            old = {sig: signal.signal(sig, self.stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in old.items():
+                    signal.signal(sig, handler)
+
+    return Server

@@ -1,0 +1,66 @@
+"""Look inside a model: hook points, activation cache, ablation and patching.
+
+Every handformer model passes its intermediate tensors through named hook points
+(TransformerLens names: ``blocks.{i}.attn.hook_pattern``, ``blocks.{i}.hook_resid_post``, ...;
+:func:`hook_names` lists them). :func:`run_with_cache` keeps them, :func:`run_with_hooks` and
+:func:`hooks` read or replace them, :mod:`~handformer.inspect.ablation` sweeps heads.
+:func:`attention_rollout` and :func:`attention_flow` follow attention down to the input tokens
+(Abnar & Zuidema 2020); :func:`faithfulness` sets them beside token ablation;
+:func:`logit_lens` and :func:`similarity_lens` read every layer in the output space.
+This package stands on the models and knows nothing of pictures (:mod:`handformer.viz`
+draws what it computes).
+"""
+
+from handformer.hooks import HookError, HookPoint
+from handformer.inspect.ablation import (
+    head_ablation_hooks,
+    head_ablation_sweep,
+    head_means,
+    patching_sweep,
+)
+from handformer.inspect.faithfulness import Faithfulness, faithfulness, spearman
+from handformer.inspect.flow import attention_flow
+from handformer.inspect.lens import (
+    LogitLens,
+    SimilarityLens,
+    lens_logits,
+    logit_lens,
+    similarity_lens,
+)
+from handformer.inspect.points import attention_layers, hook_names, hook_points
+from handformer.inspect.rollout import attention_rollout, residual_attention
+from handformer.inspect.run import (
+    ActivationCache,
+    hooks,
+    run_with_cache,
+    run_with_hooks,
+    short_name,
+)
+
+__all__ = [
+    "HookError",
+    "HookPoint",
+    "hook_names",
+    "hook_points",
+    "attention_layers",
+    "hooks",
+    "run_with_hooks",
+    "run_with_cache",
+    "ActivationCache",
+    "short_name",
+    "head_ablation_hooks",
+    "head_ablation_sweep",
+    "head_means",
+    "patching_sweep",
+    "attention_rollout",
+    "residual_attention",
+    "attention_flow",
+    "faithfulness",
+    "Faithfulness",
+    "spearman",
+    "logit_lens",
+    "lens_logits",
+    "LogitLens",
+    "similarity_lens",
+    "SimilarityLens",
+]

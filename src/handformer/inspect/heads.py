@@ -1,0 +1,80 @@
+"""Which heads matter for the similarity of two sentences (``handformer heads``).
+
+Shape letters: ``N`` layers, ``H`` heads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from handformer.inspect.ablation import head_ablation_sweep, head_means
+from handformer.pretrained.bert import BertModel
+from handformer.pretrained.pooling import SentencePooling
+from handformer.pretrained.tokenizer import BertTokenizer
+
+__all__ = ["HeadEffects", "pair_similarity_effects"]
+
+
+@dataclass
+class HeadEffects:
+    """Every head's effect on a metric when it is ablated.
+
+    Attributes:
+        effects: ``(N, H)`` float64, ``metric(ablated) - metric(clean)``.
+        clean: the metric of the unablated model.
+        metric: what was measured, in words.
+        mode: ``"zero"`` or ``"mean"``.
+    """
+
+    effects: Tensor
+    clean: float
+    metric: str
+    mode: str
+
+    def top(self, k: int = 5) -> list[tuple[int, int, float]]:
+        """The ``k`` heads with the largest absolute effect: ``(layer, head, effect)``."""
+        flat = self.effects.nan_to_num(0.0).abs().flatten()
+        order = torch.argsort(flat, descending=True)[:k]
+        H = self.effects.shape[1]
+        return [(int(i) // H, int(i) % H, float(self.effects.flatten()[i])) for i in order]
+
+
+def pair_similarity_effects(model: BertModel, tokenizer: BertTokenizer, text_a: str,
+                            text_b: str, *, mode: str = "zero", batch_size: int = 16,
+                            progress: bool | None = None) -> HeadEffects:
+    """The change in the cosine similarity of two sentence embeddings when each head is
+    ablated alone (pooled the way :func:`handformer.pretrained.embed` pools).
+
+    Args:
+        model: a :class:`BertModel` (put in eval mode for the sweep).
+        tokenizer: its tokenizer.
+        text_a, text_b: the two sentences.
+        mode: ``"zero"``, or ``"mean"`` (each head's mean output over both sentences).
+        batch_size: ablations per forward pass.
+        progress: show a progress bar (default: on a terminal, for long sweeps).
+
+    Returns:
+        :class:`HeadEffects`.
+
+    Raises:
+        ValueError: for empty texts or an unknown mode.
+    """
+    model.eval()
+    pooling = model.sentence_pooling or SentencePooling()
+    device = next(model.parameters()).device
+    enc = {k: v.to(device) for k, v in tokenizer([text_a, text_b]).items()}
+    mask = enc["attention_mask"]
+
+    def cosine(out: object) -> Tensor:
+        e = pooling(out.last_hidden_state, mask)  # (2, E)
+        return torch.cosine_similarity(e[0], e[1], dim=0)
+
+    means = head_means(model, enc) if mode == "mean" else None
+    effects = head_ablation_sweep(model, enc, cosine, mode=mode, means=means,
+                                  batch_size=batch_size, progress=progress)
+    with torch.no_grad():
+        clean = float(cosine(model(**enc)))
+    return HeadEffects(effects, clean, "cosine similarity of the two embeddings", mode)

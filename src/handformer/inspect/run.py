@@ -1,0 +1,201 @@
+"""Run a model with hooks, or with an activation cache.
+
+    out = run_with_hooks(model, ids, hooks={"blocks.0.attn.hook_z": fn})
+    out, cache = run_with_cache(model, ids, names="blocks.*.hook_resid_post")
+    with hooks(model, {"blocks.*.attn.hook_pattern": show}):
+        model(ids)
+
+Hooks are ``fn(tensor, name) -> Tensor | None`` (None = only look; a tensor of the same
+shape and dtype replaces the value). They are active for that call or ``with`` block only,
+in the calling thread or asyncio task only (see :mod:`handformer.hooks`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from torch import Tensor, nn
+
+from handformer.hooks import HookFn, HookPoint, active_hooks
+from handformer.inspect.points import (
+    NameSpec,
+    hook_points,
+    select_names,
+    unknown_name_message,
+)
+
+__all__ = ["hooks", "run_with_hooks", "run_with_cache", "ActivationCache", "short_name"]
+
+HookSpec = Mapping[str, HookFn | list[HookFn] | tuple[HookFn, ...]]
+
+# TransformerLens-style short names: cache["pattern", 3] = cache["blocks.3.attn.hook_pattern"].
+_ATTN = ("q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z")
+_MLP = ("pre", "post")
+_BLOCK = ("resid_pre", "resid_mid", "resid_mid_cross", "resid_post", "attn_out",
+          "cross_attn_out", "mlp_out")
+
+
+def short_name(short: str, layer: int | None = None) -> str:
+    """``("pattern", 3)`` -> ``"blocks.3.attn.hook_pattern"``; ``"embed"`` -> ``"hook_embed"``.
+
+    Raises:
+        KeyError: for an unknown short name, or a per-layer name without a layer.
+    """
+    if layer is None:
+        if short in ("embed", "pos_embed", "token_type_embed"):
+            return f"hook_{short}"
+        if short in ("normalized", "ln_final"):
+            return "ln_final.hook_normalized"
+    else:
+        for group, where in ((_ATTN, "attn."), (_MLP, "mlp."), (_BLOCK, "")):
+            if short in group:
+                return f"blocks.{layer}.{where}hook_{short}"
+    known = ", ".join(_ATTN + _MLP + _BLOCK)
+    raise KeyError(f"unknown short hook name {short!r} (layer {layer}); per-layer names are "
+                   f"{known}; model-level: embed, pos_embed, normalized")
+
+
+def _registry(model: nn.Module, spec: HookSpec) -> dict[HookPoint, tuple[tuple[str, HookFn], ...]]:
+    """Hook point -> ((name, fn), ...) for a ``{name or glob: fn or [fns]}`` mapping."""
+    if not isinstance(spec, Mapping):
+        raise TypeError(f"hooks must be a mapping {{name: fn}}, got {type(spec).__name__}")
+    points = hook_points(model)
+    registry: dict[HookPoint, tuple[tuple[str, HookFn], ...]] = {}
+    for key, fns in spec.items():
+        fns = tuple(fns) if isinstance(fns, (list, tuple)) else (fns,)
+        for fn in fns:
+            if not callable(fn):
+                raise TypeError(f"hook for {key!r} must be callable fn(tensor, name), got "
+                                f"{type(fn).__name__}")
+        for name in select_names(points, [key], what="hooks"):
+            registry[points[name]] = registry.get(points[name], ()) + tuple(
+                (name, fn) for fn in fns)
+    return registry
+
+
+@contextmanager
+def hooks(model: nn.Module, spec: HookSpec) -> Iterator[None]:
+    """Register hooks on ``model`` for the ``with`` block (this thread / task only).
+
+    Args:
+        model: a handformer model.
+        spec: ``{name or glob: fn}`` or ``{name: [fn, ...]}``; ``fn(tensor, name)``.
+
+    Raises:
+        KeyError: for a name matching no hook point (the message lists the closest names).
+        TypeError: for a hook that is not callable.
+    """
+    with active_hooks(_registry(model, spec)):
+        yield
+
+
+def _call(model: nn.Module, args: tuple, kwargs: dict) -> Any:
+    """``model(*args, **kwargs)``; a single mapping argument is spread as keywords (the
+    tokenizer's output)."""
+    if len(args) == 1 and isinstance(args[0], Mapping):
+        return model(**args[0], **kwargs)
+    return model(*args, **kwargs)
+
+
+def run_with_hooks(model: nn.Module, *args: Any, hooks: HookSpec, **kwargs: Any) -> Any:
+    """Run ``model(*args, **kwargs)`` with ``hooks`` active for this call only.
+
+    Args:
+        model: a handformer model.
+        *args, **kwargs: the model's inputs (a single mapping, e.g. a tokenizer's output, is
+            passed as keywords).
+        hooks: ``{name or glob: fn}``; ``fn(tensor, name)`` returns None or a replacement of
+            the same shape and dtype.
+
+    Returns:
+        The model's usual output.
+
+    Raises:
+        KeyError: for an unknown hook name. ``HookError`` (a ``ValueError``) when a hook
+            returns a tensor of another shape or dtype (naming the hook and both shapes).
+    """
+    with active_hooks(_registry(model, hooks)):
+        return _call(model, args, kwargs)
+
+
+class ActivationCache(Mapping[str, Tensor]):
+    """Activations by hook name, as :func:`run_with_cache` kept them.
+
+    ``cache["blocks.0.attn.hook_pattern"]`` or, TransformerLens style,
+    ``cache["pattern", 0]``; :meth:`stack` stacks one name over the layers.
+    """
+
+    def __init__(self, tensors: dict[str, Tensor], all_names: list[str]) -> None:
+        self._tensors = tensors
+        self._all_names = all_names
+
+    def __getitem__(self, key: str | tuple[str, int]) -> Tensor:
+        name = short_name(*key) if isinstance(key, tuple) else key
+        if name in self._tensors:
+            return self._tensors[name]
+        if name in self._all_names:
+            raise KeyError(f"{name!r} was not kept: run_with_cache(..., names=...) left it out")
+        raise KeyError(unknown_name_message(name, self._all_names))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def stack(self, short: str) -> Tensor:
+        """One activation of every layer stacked: ``(num_layers, ...)``.
+
+        Raises:
+            KeyError: if the cache holds it for no layer.
+        """
+        import torch
+
+        layers = []
+        while short_name(short, len(layers)) in self._tensors:
+            layers.append(self._tensors[short_name(short, len(layers))])
+        if not layers:
+            raise KeyError(f"the cache holds no {short_name(short, 0)!r} (names kept: "
+                           f"{len(self)})")
+        return torch.stack(layers)
+
+    def __repr__(self) -> str:
+        return f"ActivationCache({len(self)} of {len(self._all_names)} hook points)"
+
+
+def run_with_cache(model: nn.Module, *args: Any, names: NameSpec = None, detach: bool = True,
+                   **kwargs: Any) -> tuple[Any, ActivationCache]:
+    """Run the model and keep the activations at the chosen hook points.
+
+    Only the chosen points listen, so memory grows with what is kept. Keeping
+    ``hook_attn_scores`` or ``hook_pattern`` makes those layers attend by the explicit path
+    (as ``need_weights=True`` does for full attention).
+
+    Args:
+        model: a handformer model.
+        *args, **kwargs: the model's inputs (a single mapping is passed as keywords).
+        names: which points to keep: None (all), a name, a glob
+            (``"blocks.*.hook_resid_post"``), a list of those, or a predicate ``name -> bool``.
+        detach: store detached tensors (default); False keeps them in the autograd graph.
+
+    Returns:
+        ``(output, cache)``: the model's usual output and an :class:`ActivationCache`.
+
+    Raises:
+        KeyError: for a name or glob that matches no hook point (with the closest names).
+    """
+    points = hook_points(model)
+    chosen = select_names(points, names)
+    store: dict[str, Tensor] = {}
+
+    def keep(t: Tensor, name: str) -> None:
+        store[name] = t.detach() if detach else t
+
+    registry: dict[HookPoint, tuple[tuple[str, Callable], ...]] = {
+        points[n]: ((n, keep),) for n in chosen}
+    with active_hooks(registry):
+        out = _call(model, args, kwargs)
+    ordered = {n: store[n] for n in chosen if n in store}
+    return out, ActivationCache(ordered, list(points))

@@ -1,0 +1,13 @@
+"""``handformer serve``: a small local web app on a real model (Starlette on uvicorn).
+
+* :class:`ModelState` - the loaded model and its per-attention-kind views (shared weights).
+* :func:`create_app` - the ASGI app: the viewer page, ``/static/`` and the JSON API.
+* :mod:`handformer.serve.compute` - what each endpoint computes, callable from Python.
+
+Needs the optional extra: ``pip install handformer[serve]``.
+"""
+
+from handformer.serve.app import create_app, require_starlette
+from handformer.serve.state import AttentionChoice, ModelState
+
+__all__ = ["create_app", "require_starlette", "ModelState", "AttentionChoice"]

@@ -1,0 +1,237 @@
+"""The ASGI app: routes, request checks and the security headers.
+
+Routes::
+
+    GET  /                 the page (viewer + controls)
+    GET  /static/NAME      serve.js, serve.css (a fixed list; no path is read from a request)
+    GET  /api/model        what is loaded
+    POST /api/run          attention (viewer data) + similarity / next token
+    POST /api/ablate       effect of ablating heads
+    POST /api/rollout      attention rollout (viewer data)
+    POST /api/generate     causal models: JSON lines, one per new token
+
+Every JSON answer names the model and the attention kind that produced it. Errors are JSON
+``{"error": "one line", "field": ...}`` with 413 (body over 64 KiB), 422 (bad JSON or field),
+400 (a path with ``..`` or encoded dots / slashes), 404, 405 or 501.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import warnings
+
+from handformer.serve import compute
+from handformer.serve.generation import Generation
+from handformer.serve.page import build_page, example_text, static_files
+from handformer.serve.state import ModelState
+from handformer.serve.validation import (
+    MAX_BODY,
+    BodyTooLarge,
+    RequestError,
+    parse_generate,
+    parse_json,
+    parse_run,
+)
+
+__all__ = ["create_app", "SecurityMiddleware", "require_starlette"]
+
+COMPUTE_SLOTS = 2  # model computations at the same time (each in its own thread and context)
+_BAD_PATH = (b"..", b"%2e", b"%2f", b"%5c", b"\\", b"%00", b"\x00")
+
+
+def require_starlette() -> None:
+    """Import check for the optional dependencies, with the install line on failure.
+
+    Raises:
+        ImportError: naming ``pip install handformer[serve]``.
+    """
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(f"handformer serve needs starlette and uvicorn ({exc.name} is "
+                          "missing): pip install handformer[serve]") from None
+
+
+class SecurityMiddleware:
+    """Refuses suspicious paths and adds the security headers to every HTTP response.
+
+    Args:
+        app: the ASGI app to wrap.
+        csp: the Content-Security-Policy of every response.
+        allowed_hosts: Host header values accepted (None = any), which stops DNS rebinding
+            when the server listens on a loopback address.
+    """
+
+    def __init__(self, app: object, *, csp: str, allowed_hosts: set[str] | None) -> None:
+        self.app, self.allowed_hosts = app, allowed_hosts
+        self.headers = [(b"content-security-policy", csp.encode()),
+                        (b"x-content-type-options", b"nosniff"),
+                        (b"referrer-policy", b"no-referrer"),
+                        (b"x-frame-options", b"DENY"),
+                        (b"cross-origin-resource-policy", b"same-origin")]
+
+    async def __call__(self, scope: dict, receive: object, send: object) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        raw = (scope.get("raw_path") or scope["path"].encode("utf-8")).lower()
+        reason = None
+        if any(bad in raw for bad in _BAD_PATH) or ".." in scope["path"]:
+            reason = (400, "the path may not contain '..', encoded dots or slashes")
+        elif self.allowed_hosts is not None:
+            host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
+            if host.lower() not in self.allowed_hosts:
+                reason = (400, f"unexpected Host header {host[:60]!r}; open the URL the "
+                               "server printed")
+
+        async def send_with_headers(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = list(message.get("headers", [])) + self.headers
+            await send(message)
+
+        if reason is not None:
+            body = json.dumps({"error": reason[1], "field": None}).encode()
+            await send_with_headers({"type": "http.response.start", "status": reason[0],
+                                     "headers": [(b"content-type", b"application/json"),
+                                                 (b"content-length", str(len(body)).encode())]})
+            await send_with_headers({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send_with_headers)
+
+
+def json_body(result: dict[str, object]) -> bytes:
+    """``result`` as compact UTF-8 JSON. The viewer's base64 weights (megabytes at 512 tokens)
+    need no escaping, so they are spliced in as bytes instead of going through the encoder."""
+    viewer = result.get("viewer")
+    if not isinstance(viewer, dict) or not isinstance(viewer.get("data"), str):
+        return json.dumps(result, ensure_ascii=False, separators=(",", ":"),
+                          allow_nan=False).encode("utf-8")
+    mark = f"hf-weights-{secrets.token_hex(16)}"  # a fresh nonce: in no token or text
+    text = json.dumps(result | {"viewer": viewer | {"data": mark}}, ensure_ascii=False,
+                      separators=(",", ":"), allow_nan=False)
+    head, tail = text.split(json.dumps(mark), 1)
+    return b"".join([head.encode("utf-8"), b'"', viewer["data"].encode("ascii"), b'"',
+                     tail.encode("utf-8")])
+
+
+async def _read_body(request: object) -> bytes:
+    """The body, refusing more than ``MAX_BODY`` bytes before reading them all."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > MAX_BODY:
+        raise BodyTooLarge(int(length))
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise BodyTooLarge()
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def create_app(state: ModelState, *, allowed_hosts: set[str] | None = None) -> object:
+    """The Starlette app serving ``state``'s model.
+
+    Args:
+        state: the loaded model.
+        allowed_hosts: accepted Host headers (e.g. ``{"127.0.0.1:8000", "localhost:8000"}``);
+            None accepts any.
+
+    Returns:
+        An ASGI application.
+
+    Raises:
+        ImportError: without starlette (``pip install handformer[serve]``).
+    """
+    require_starlette()
+    import anyio
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    # Long texts are cut with a notice in the response; the tokenizer's warning is not needed.
+    warnings.filterwarnings("ignore", message=r".*were truncated to", category=UserWarning)
+    example = example_text(state)
+    page, csp = build_page(state, example)
+    static = static_files()
+    info = state.info() | {"example": example}
+    # Model work runs in worker threads, at most COMPUTE_SLOTS at a time: torch already
+    # spreads one forward over the cores, and more at once only makes them fight for them.
+    slots = anyio.CapacityLimiter(COMPUTE_SLOTS)
+
+    async def in_thread(fn: object, *args: object) -> object:
+        return await anyio.to_thread.run_sync(fn, *args, limiter=slots)
+
+    def error(status: int, message: str, field: str | None = None) -> JSONResponse:
+        return JSONResponse({"error": " ".join(message.split()), "field": field},
+                            status_code=status)
+
+    async def index(request: object) -> Response:
+        return HTMLResponse(page)
+
+    async def static_file(request: object) -> Response:
+        found = static.get(request.path_params["name"])  # a dict lookup, never a file path
+        if found is None:
+            return error(404, "no such static file")
+        return Response(found[0], media_type=found[1],
+                        headers={"cache-control": "no-cache"})
+
+    async def model_info(request: object) -> Response:
+        return JSONResponse(info)
+
+    def endpoint(compute_fn: object) -> object:
+        async def handle(request: object) -> Response:
+            req = parse_run(parse_json(await _read_body(request)), state)
+            body = await in_thread(lambda: json_body(compute_fn(state, req)))
+            return Response(body, media_type="application/json")
+        return handle
+
+    async def generate(request: object) -> Response:
+        req = parse_generate(parse_json(await _read_body(request)), state)
+        gen = await in_thread(Generation, state, req)
+
+        async def lines():
+            yield json.dumps(gen.start()) + "\n"
+            while True:
+                try:
+                    event = await in_thread(gen.step)
+                except Exception as exc:  # the status line is sent already: report in-band
+                    yield json.dumps({"event": "error", "error": " ".join(str(exc).split())})
+                    return
+                yield json.dumps(event) + "\n"
+                if event["event"] == "end":
+                    return
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson",
+                                 headers={"cache-control": "no-cache"})
+
+    async def on_request_error(request: object, exc: RequestError) -> Response:
+        return error(422, str(exc), exc.field)
+
+    async def on_too_large(request: object, exc: BodyTooLarge) -> Response:
+        return error(413, str(exc))
+
+    async def on_not_implemented(request: object, exc: NotImplementedError) -> Response:
+        return error(501, str(exc))
+
+    async def on_http(request: object, exc: HTTPException) -> Response:
+        return error(exc.status_code, exc.detail or "error")
+
+    async def on_crash(request: object, exc: Exception) -> Response:
+        return error(500, f"{type(exc).__name__}: {exc}")
+
+    routes = [
+        Route("/", index),
+        Route("/static/{name}", static_file),
+        Route("/api/model", model_info),
+        Route("/api/run", endpoint(compute.run), methods=["POST"]),
+        Route("/api/ablate", endpoint(compute.ablate), methods=["POST"]),
+        Route("/api/rollout", endpoint(compute.rollout), methods=["POST"]),
+        Route("/api/generate", generate, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={
+        RequestError: on_request_error, BodyTooLarge: on_too_large,
+        NotImplementedError: on_not_implemented, HTTPException: on_http, Exception: on_crash})
+    return SecurityMiddleware(app, csp=csp, allowed_hosts=allowed_hosts)

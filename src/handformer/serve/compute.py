@@ -1,0 +1,257 @@
+"""What each API call computes, as plain functions of a :class:`ModelState` and a checked request.
+
+They return JSON-ready dicts and never change shared state: the attention kind picks a model
+view (:meth:`ModelState.variant`), and head ablation is a hook context
+(:func:`handformer.inspect.hooks`) that lives for one forward pass in the calling thread only.
+So concurrent requests with different settings each get their own answer. The app runs them
+in worker threads; tests call them directly as the reference.
+
+Shape letters: ``N`` layers, ``H`` heads, ``L`` tokens, ``E`` hidden size, ``V`` vocabulary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor, nn
+
+from handformer.serve.state import AttentionChoice, ModelState
+from handformer.serve.validation import RequestError, RunRequest
+
+__all__ = ["run", "ablate", "rollout", "encode", "ablated", "Encoded", "visible"]
+
+TOP_K = 5  # next-token candidates shown for causal models
+
+
+def visible(token: str) -> str:
+    """Spaces and line breaks inside a token made visible (GPT-2 pieces start with one)."""
+    return token.replace(" ", "\u2423").replace("\n", "\u21b5").replace("\t", "\u21e5")
+
+
+@contextlib.contextmanager
+def ablated(model: nn.Module, heads: tuple[tuple[int, int], ...]) -> Iterator[None]:
+    """Zero-ablate ``heads`` of ``model`` inside the block, for this thread / task only."""
+    if not heads:
+        yield
+        return
+    from handformer.inspect import head_ablation_hooks, hooks
+
+    with hooks(model, head_ablation_hooks(model, heads)):
+        yield
+
+
+class Encoded:
+    """One text as the model's input.
+
+    Attributes:
+        batch: the model's keyword inputs, ``(1, L)`` tensors.
+        tokens: one display string per token.
+        notice: a sentence saying the text was cut to the model's limit, or None.
+    """
+
+    def __init__(self, batch: dict[str, Tensor], tokens: list[str], notice: str | None) -> None:
+        self.batch, self.tokens, self.notice = batch, tokens, notice
+
+
+def encode(state: ModelState, text: str, field: str = "text", *,
+           limit: int | None = None) -> Encoded:
+    """Tokenize ``text`` for the model, cut to ``limit`` (default ``state.max_tokens``) with a
+    notice.
+
+    Raises:
+        RequestError: for text the tokenizer rejects or that gives no tokens.
+    """
+    limit = state.max_tokens if limit is None else limit
+    if state.causal:
+        try:
+            ids = state.tokenizer.encode(text)
+        except ValueError as exc:  # e.g. a character outside a char vocabulary
+            raise RequestError(field, " ".join(str(exc).split())) from None
+        if not ids:
+            raise RequestError(field, "gives no tokens for this model's tokenizer")
+        notice = None
+        if len(ids) > limit:
+            notice = (f"{field} has {len(ids)} tokens, more than the model's limit of {limit}; "
+                      f"only the first {limit} were used")
+            ids = ids[:limit]
+        tokens = [visible(state.tokenizer.decode([i])) for i in ids]
+        batch = {"input_ids": torch.tensor([ids], device=state.device)}  # (1, L)
+        return Encoded(batch, tokens, notice)
+    tokenizer, notice = state.tokenizer, None
+    try:
+        encodings = tokenizer.encode([text], max_length=limit, truncation=False)
+    except ValueError as exc:
+        if "limit" not in str(exc):
+            raise RequestError(field, " ".join(str(exc).split())) from None
+        full = len(tokenizer._tokenizer.encode(text).ids)  # only to count the tokens
+        encodings = tokenizer.encode([text], max_length=limit)  # cut (warning filtered)
+        what = "limit" if limit == state.max_tokens else "sentence-embedding limit"
+        notice = (f"{field} has {full} tokens, more than the model's {what} of {limit}; only "
+                  f"the first {limit} were used")
+    batch = {k: v.to(state.device) for k, v in tokenizer.pad(encodings).items()}  # (1, L)
+    return Encoded(batch, list(encodings[0].tokens), notice)
+
+
+def _pattern(state: ModelState, choice: AttentionChoice, L: int) -> tuple[object, str]:
+    """Keys each query may reach (for the panel beside the heat map) and its caption."""
+    kind = choice.make()
+    label = choice.describe().capitalize()
+    if state.causal:
+        return kind.pattern(L, L, causal=True), label
+    if choice.kind == "linear":  # every key is reachable; the point is the cost
+        return (torch.ones(L, L, dtype=torch.bool),
+                "Linear attention: every query reaches every key, yet the L x L matrix is "
+                "never formed")
+    return (kind if choice.kind in ("local", "strided") else None), label
+
+
+def _pool(state: ModelState, hidden: Tensor, enc: Encoded) -> Tensor:
+    """The sentence embedding ``(E,)`` of ``(1, L, E)`` hidden states (the checkpoint's
+    pooling, as :func:`handformer.embed` does)."""
+    from handformer.pretrained.pooling import SentencePooling
+
+    pooling = state.model.sentence_pooling or SentencePooling()
+    return pooling(hidden, enc.batch["attention_mask"])[0]
+
+
+def _embedding(state: ModelState, model: nn.Module, text: str, field: str,
+               notices: list[str]) -> Tensor:
+    """The sentence embedding ``(E,)`` of ``text``, cut to ``state.embed_tokens``."""
+    enc = encode(state, text, field, limit=state.embed_tokens)
+    if enc.notice:
+        notices.append(enc.notice)
+    return _pool(state, model(**enc.batch).last_hidden_state, enc)
+
+
+def _cosine(a: Tensor, b: Tensor) -> float:
+    return float(torch.nn.functional.cosine_similarity(a[None].double(), b[None].double())[0])
+
+
+def _top_tokens(state: ModelState, logits: Tensor) -> list[dict[str, object]]:
+    """The most likely next tokens, ``logits`` being ``(V,)``."""
+    probs = torch.softmax(logits.double(), dim=-1)  # (V,)
+    top = torch.topk(probs, min(TOP_K, probs.numel()))
+    return [{"id": int(i), "token": visible(state.tokenizer.decode([int(i)])),
+             "prob": round(float(p), 6)} for p, i in zip(top.values, top.indices, strict=True)]
+
+
+def _header(state: ModelState, req: RunRequest) -> dict[str, object]:
+    """Who answers: the model, the attention kind and the ablated heads."""
+    return {"model": state.name, "model_type": "causal-lm" if state.causal else "encoder",
+            "attention": req.attention.as_dict(), "heads_ablated": [list(h) for h in req.heads]}
+
+
+def _viewer(state: ModelState, req: RunRequest, attentions: object,
+            tokens: list[str]) -> dict[str, object]:
+    from handformer.viz.html import viewer_payload
+
+    pattern, label = _pattern(state, req.attention, len(tokens))
+    note = f"{state.name} \u00b7 {req.attention.describe()}"
+    if req.heads:
+        note += f" \u00b7 {len(req.heads)} head{'s' * (len(req.heads) != 1)} ablated"
+    return viewer_payload(attentions, tokens, pattern=pattern, pattern_label=label,
+                          note=note, layer=state.num_layers - 1,
+                          compress=False)  # a local connection: raw is faster than deflate
+
+
+def run(state: ModelState, req: RunRequest) -> dict[str, object]:
+    """``/api/run``: the attention of every head on ``req.text`` (viewer data), plus the pair's
+    embedding similarity (encoders) or the next-token prediction (causal models), all with
+    ``req.attention`` and with ``req.heads`` ablated.
+
+    Raises:
+        RequestError: for text the tokenizer rejects.
+    """
+    model = state.variant(req.attention)
+    enc = encode(state, req.text)
+    notices = [enc.notice] if enc.notice else []
+    result = _header(state, req) | {"tokens": enc.tokens}
+    with torch.inference_mode(), ablated(model, req.heads):
+        out = model(**enc.batch, need_weights=True)
+        attentions = out.attentions
+        if state.causal:
+            result["next_token"] = _top_tokens(state, out.logits[0, -1])
+        else:
+            result["similarity"] = None
+            if req.text_pair is not None:
+                if len(enc.tokens) <= state.embed_tokens:  # the same input: reuse the pass
+                    emb = _pool(state, out.last_hidden_state, enc)
+                else:
+                    emb = _embedding(state, model, req.text, "text", notices)
+                other = _embedding(state, model, req.text_pair, "text_pair", notices)
+                result["similarity"] = _cosine(emb, other)
+    result["notices"] = notices
+    result["viewer"] = _viewer(state, req, attentions, enc.tokens)
+    return result
+
+
+def ablate(state: ModelState, req: RunRequest) -> dict[str, object]:
+    """``/api/ablate``: the effect of zero-ablating ``req.heads`` on the output.
+
+    Encoders: the cosine similarity of the two texts' embeddings with and without the
+    ablation (without ``text_pair``: the cosine between ``text``'s embedding with and
+    without it). Causal models: the next-token distribution with and without it.
+    """
+    model = state.variant(req.attention)
+    notices: list[str] = []
+    result = _header(state, req)
+    with torch.inference_mode():
+        if state.causal:
+            enc = encode(state, req.text)
+            notices += [enc.notice] if enc.notice else []
+            clean = model(**enc.batch).logits[0, -1]  # (V,)
+            with ablated(model, req.heads):
+                dirty = model(**enc.batch).logits[0, -1]
+            p, q = torch.log_softmax(clean.double(), -1), torch.log_softmax(dirty.double(), -1)
+            best = int(clean.argmax())
+            return result | {
+                "metric": "next_token", "notices": notices,
+                "clean": _top_tokens(state, clean), "ablated": _top_tokens(state, dirty),
+                "top_token_prob": {"clean": float(p[best].exp()), "ablated": float(q[best].exp())},
+                "kl_divergence": float((p.exp() * (p - q)).sum())}
+        emb = _embedding(state, model, req.text, "text", notices)
+        with ablated(model, req.heads):
+            emb_ablated = _embedding(state, model, req.text, "text", [])
+        if req.text_pair is None:
+            value = _cosine(emb, emb_ablated)
+            return result | {"metric": "self_similarity", "notices": notices,
+                             "clean": 1.0, "ablated": value, "delta": value - 1.0}
+        other = _embedding(state, model, req.text_pair, "text_pair", notices)
+        with ablated(model, req.heads):
+            other_ablated = _embedding(state, model, req.text_pair, "text_pair", [])
+    clean, value = _cosine(emb, other), _cosine(emb_ablated, other_ablated)
+    return result | {"metric": "similarity", "notices": notices, "clean": clean,
+                     "ablated": value, "delta": value - clean}
+
+
+def rollout(state: ModelState, req: RunRequest) -> dict[str, object]:
+    """``/api/rollout``: attention rollout through each layer, as viewer data (layer ``l``
+    of the picture = rollout through layers ``0..l``; one "head" per layer): Abnar &
+    Zuidema's heads averaged, ``0.5 A + 0.5 I``, multiplied through the layers
+    (:func:`handformer.inspect.attention_rollout`).
+
+    Raises:
+        NotImplementedError: while :mod:`handformer.inspect` has no rollout.
+    """
+    try:
+        from handformer.inspect import attention_rollout
+    except ImportError:
+        raise NotImplementedError("attention rollout needs handformer.inspect.attention_rollout"
+                                  ", which this installation does not have yet") from None
+    model = state.variant(req.attention)
+    enc = encode(state, req.text)
+    with torch.inference_mode(), ablated(model, req.heads):
+        attentions = model(**enc.batch, need_weights=True).attentions
+    rolled = [attention_rollout(attentions, layers=range(layer + 1))[0]  # (L, L) each
+              for layer in range(len(attentions))]
+    from handformer.viz.html import viewer_payload
+
+    stack = [r.float()[None, None] for r in rolled]  # N x (1, 1, L, L): one "head" per layer
+    note = f"{state.name} \u00b7 {req.attention.describe()} \u00b7 attention rollout"
+    result = _header(state, req) | {"tokens": enc.tokens,
+                                    "notices": [enc.notice] if enc.notice else []}
+    result["viewer"] = viewer_payload(stack, enc.tokens, note=note,
+                                      layer=state.num_layers - 1, compress=False)
+    return result

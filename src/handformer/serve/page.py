@@ -1,0 +1,86 @@
+"""The page ``GET /`` returns: the attention viewer of :mod:`handformer.viz` (the same HTML,
+CSS and JavaScript as ``index.html``, not a copy) with the server's controls added.
+
+The viewer page inlines its styles and script; the Content-Security-Policy allows exactly
+those inline blocks by their SHA-256 hashes, plus ``/static/`` files of this package, and
+nothing from any other origin. The page is built once at start-up around an example run.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from importlib import resources
+
+from handformer.serve import compute
+from handformer.serve.state import ModelState
+from handformer.serve.validation import RunRequest
+
+__all__ = ["build_page", "STATIC_FILES", "static_files"]
+
+EXAMPLE = "The animal didn't cross the street because it was too tired"
+# The files served under /static/: name -> content type. Nothing else is ever read.
+STATIC_FILES = {"serve.js": "text/javascript; charset=utf-8",
+                "serve.css": "text/css; charset=utf-8"}
+
+_INLINE = re.compile(r"<(script|style)>(.*?)</\1>", re.DOTALL)
+
+
+def _asset(name: str) -> str:
+    return resources.files("handformer.serve").joinpath("static", name).read_text(
+        encoding="utf-8")
+
+
+def static_files() -> dict[str, tuple[bytes, str]]:
+    """The static files, read once: name -> (bytes, content type)."""
+    return {name: (_asset(name).encode("utf-8"), kind) for name, kind in STATIC_FILES.items()}
+
+
+def example_text(state: ModelState) -> str:
+    """A text the model's tokenizer accepts: the seed sentence, or one made of its tokens."""
+    try:
+        compute.encode(state, EXAMPLE)
+        return EXAMPLE
+    except ValueError:
+        tokens = getattr(state.tokenizer, "tokens", None)
+        if isinstance(tokens, list):  # a character vocabulary
+            return "".join(t for t in tokens if t.isprintable())[:24] or tokens[0]
+        return state.tokenizer.decode(list(range(min(8, len(state.tokenizer)))))
+
+
+def _insert(page: str, marker: str, text: str, *, before: bool) -> str:
+    if page.count(marker) != 1:
+        raise RuntimeError(f"the viewer page has {page.count(marker)} {marker!r}, expected 1")
+    return page.replace(marker, text + marker if before else marker + text)
+
+
+def build_page(state: ModelState, example: str) -> tuple[str, str]:
+    """The page and its Content-Security-Policy header value.
+
+    Returns:
+        ``(html, csp)``.
+    """
+    from handformer.viz.html import viewer_page
+
+    result = compute.run(state, RunRequest(example, None, state.default_attention, ()))
+    page = viewer_page(result["viewer"], title=f"handformer serve: {state.name}")
+    hashes = {"script": [], "style": []}
+    for kind, body in _INLINE.findall(page):
+        digest = base64.b64encode(hashlib.sha256(body.encode("utf-8")).digest()).decode()
+        hashes[kind].append(f"'sha256-{digest}'")
+    page = _insert(page, "</head>", '<link rel="stylesheet" href="/static/serve.css">\n',
+                   before=True)
+    page = _insert(page, "</header>", "\n" + _asset("panel.html"), before=False)
+    page = _insert(page, "</body>", '<script src="/static/serve.js"></script>\n', before=True)
+    csp = "; ".join([
+        "default-src 'none'",
+        "script-src 'self' " + " ".join(hashes["script"]),
+        "style-src 'self' " + " ".join(hashes["style"]),
+        "img-src 'self' data:",
+        "connect-src 'self'",
+        "base-uri 'none'",
+        "form-action 'none'",
+        "frame-ancestors 'none'",
+    ])
+    return page, csp

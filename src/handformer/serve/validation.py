@@ -1,0 +1,221 @@
+"""Reading and checking request bodies: JSON objects with known fields, or a one-line error.
+
+Every problem becomes a :class:`RequestError` that names the field, which the app answers with
+status 422 (413 for a body over :data:`MAX_BODY`). Nothing here touches the file system: no
+field is ever a path.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+from handformer.serve.state import KINDS, AttentionChoice, ModelState
+
+__all__ = ["MAX_BODY", "RequestError", "BodyTooLarge", "RunRequest", "GenerateRequest",
+           "parse_json", "parse_run", "parse_generate"]
+
+MAX_BODY = 64 * 1024  # bytes in a request body
+MAX_OPTION = 4096  # largest window_size / stride / global_tokens accepted
+MAX_NEW_TOKENS = 512
+
+_ATTENTION_FIELDS = ("attention", "window_size", "stride", "global_tokens")
+_RUN_FIELDS = {"text", "text_pair", "heads", *_ATTENTION_FIELDS}
+_GENERATE_FIELDS = {"text", "heads", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
+                    *_ATTENTION_FIELDS}
+
+
+class RequestError(ValueError):
+    """A bad request body: ``field`` names the culprit (None for the body as a whole)."""
+
+    def __init__(self, field: str | None, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}" if field else message)
+
+
+class BodyTooLarge(ValueError):
+    """The request body is over :data:`MAX_BODY` bytes."""
+
+    def __init__(self, size: int | None = None) -> None:
+        got = f" (got {size} bytes)" if size is not None else ""
+        super().__init__(f"request body is over the limit of {MAX_BODY} bytes{got}")
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """A checked body of ``/api/run``, ``/api/ablate`` or ``/api/rollout``.
+
+    Attributes:
+        text: the text (not empty).
+        text_pair: a second text (encoders: its embedding is compared with ``text``'s).
+        attention: the attention setting.
+        heads: ``(layer, head)`` pairs to ablate, sorted, without repeats.
+    """
+
+    text: str
+    text_pair: str | None
+    attention: AttentionChoice
+    heads: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """A checked body of ``/api/generate`` (``text`` is the prompt)."""
+
+    text: str
+    attention: AttentionChoice
+    heads: tuple[tuple[int, int], ...]
+    max_new_tokens: int
+    temperature: float | None
+    top_k: int | None
+    top_p: float | None
+    seed: int
+
+
+def parse_json(body: bytes) -> dict[str, object]:
+    """The body as a JSON object.
+
+    Raises:
+        RequestError: for a body that is not UTF-8 JSON holding an object.
+    """
+    if not body.strip():
+        raise RequestError(None, "the request body is empty; send a JSON object such as "
+                                 '{"text": "..."}')
+    try:
+        value = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise RequestError(None, "the request body is not UTF-8 text") from None
+    except ValueError as exc:
+        raise RequestError(None, f"the request body is not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise RequestError(None, f"the request body must be a JSON object, got "
+                                 f"{type(value).__name__}")
+    return value
+
+
+def _unknown(body: dict[str, object], allowed: set[str]) -> None:
+    extra = sorted(set(body) - allowed)
+    if extra:
+        raise RequestError(extra[0], f"unknown field; valid fields are "
+                                     f"{', '.join(sorted(allowed))}")
+
+
+def _int(body: dict[str, object], name: str, default: int | None, lo: int, hi: int
+         ) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(name, f"must be an integer, got {json.dumps(value)[:40]}")
+    if not lo <= value <= hi:
+        raise RequestError(name, f"must be in {lo}..{hi}, got {value}")
+    return value
+
+
+def _float(body: dict[str, object], name: str, lo: float, hi: float, *,
+           lo_open: bool = True) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RequestError(name, f"must be a number, got {json.dumps(value)[:40]}")
+    if not ((lo < value) if lo_open else (lo <= value)) or value > hi:
+        raise RequestError(name, f"must be in {'(' if lo_open else '['}{lo}, {hi}], got {value}")
+    return float(value)
+
+
+def _text(body: dict[str, object], name: str, *, required: bool) -> str | None:
+    value = body.get(name)
+    if value is None and not required:
+        return None
+    if value is None:
+        raise RequestError(name, "is missing; send the text to run the model on")
+    if not isinstance(value, str):
+        raise RequestError(name, f"must be a string, got {type(value).__name__}")
+    if not value.strip():
+        if not required:
+            return None  # an empty second box means "no pair"
+        raise RequestError(name, "is empty; send some words")
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in value):
+        raise RequestError(name, "holds lone surrogate characters (not valid Unicode)")
+    return value
+
+
+def _attention(body: dict[str, object], state: ModelState) -> AttentionChoice:
+    default = state.default_attention
+    kind = body.get("attention")
+    if kind is None:
+        kind = default.kind
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise RequestError("attention", f"must be one of {', '.join(KINDS)}, got "
+                                        f"{json.dumps(kind)[:40]}")
+    choice = AttentionChoice(
+        kind,
+        window_size=_int(body, "window_size", default.window_size, 1, MAX_OPTION),
+        stride=_int(body, "stride", default.stride, 1, MAX_OPTION),
+        global_tokens=_int(body, "global_tokens", default.global_tokens, 0, MAX_OPTION))
+    try:
+        choice.make()
+    except ValueError as exc:
+        field = {"local": "window_size", "strided": "stride"}.get(kind, "attention")
+        if kind == "strided" and "global" in str(exc):
+            field = "global_tokens"
+        raise RequestError(field, " ".join(str(exc).split())) from None
+    return choice
+
+
+def _heads(body: dict[str, object], state: ModelState) -> tuple[tuple[int, int], ...]:
+    value = body.get("heads")
+    if value is None:
+        return ()
+    N, H = state.num_layers, state.num_heads
+    if not isinstance(value, list):
+        raise RequestError("heads", 'must be a list of [layer, head] pairs, e.g. [[0, 1]]')
+    out = set()
+    for item in value:
+        if (not isinstance(item, list) or len(item) != 2
+                or any(isinstance(x, bool) or not isinstance(x, int) for x in item)):
+            raise RequestError("heads", f"each entry must be a [layer, head] pair of integers, "
+                                        f"got {json.dumps(item)[:40]}")
+        layer, head = item
+        if not (0 <= layer < N and 0 <= head < H):
+            raise RequestError("heads", f"[{layer}, {head}] is out of range: layers are "
+                                        f"0..{N - 1}, heads 0..{H - 1}")
+        out.add((layer, head))
+    return tuple(sorted(out))
+
+
+def parse_run(body: dict[str, object], state: ModelState) -> RunRequest:
+    """Check the body of ``/api/run``, ``/api/ablate`` or ``/api/rollout``.
+
+    Raises:
+        RequestError: naming the first bad field.
+    """
+    _unknown(body, _RUN_FIELDS)
+    text = _text(body, "text", required=True)
+    pair = _text(body, "text_pair", required=False)
+    if pair is not None and state.causal:
+        raise RequestError("text_pair", "applies to encoders (embedding similarity); this is "
+                                        "a causal language model")
+    return RunRequest(text, pair, _attention(body, state), _heads(body, state))
+
+
+def parse_generate(body: dict[str, object], state: ModelState) -> GenerateRequest:
+    """Check the body of ``/api/generate``.
+
+    Raises:
+        RequestError: naming the first bad field (or the model, for an encoder).
+    """
+    if not state.causal:
+        raise RequestError(None, f"{state.name} is an encoder; /api/generate needs a causal "
+                                 "language model folder (handformer serve --model DIR)")
+    _unknown(body, _GENERATE_FIELDS)
+    text = _text(body, "text", required=True)
+    return GenerateRequest(
+        text, _attention(body, state), _heads(body, state),
+        max_new_tokens=_int(body, "max_new_tokens", 20, 1, MAX_NEW_TOKENS),
+        temperature=_float(body, "temperature", 0.0, 100.0),
+        top_k=_int(body, "top_k", None, 1, 1 << 30),
+        top_p=_float(body, "top_p", 0.0, 1.0),
+        seed=_int(body, "seed", 0, 0, 2**63 - 1))
