@@ -145,7 +145,7 @@ def bench_vs_transformers() -> dict[str, object]:
     transformers.utils.logging.disable_progress_bar()
     with tempfile.TemporaryDirectory() as tmp:
         save_gpt2_folder(Path(tmp))
-        ours, _ = load_gpt2(tmp)
+        ours, _ = load_gpt2(tmp, tokenizer=False)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp).eval()

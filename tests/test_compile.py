@@ -120,7 +120,7 @@ def test_compiled_gpt2_generate_matches_transformers(tmp_path) -> None:  # noqa:
                                          n_head=4, initializer_range=0.2)
         reference = transformers.GPT2LMHeadModel(config).eval()
         reference.save_pretrained(tmp_path)
-    model, _ = load_gpt2(tmp_path)
+    model, _ = load_gpt2(tmp_path, tokenizer=False)
     prompt = torch.randint(0, 97, (1, 6))
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
