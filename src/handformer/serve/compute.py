@@ -231,23 +231,16 @@ def rollout(state: ModelState, req: RunRequest) -> dict[str, object]:
     of the picture = rollout through layers ``0..l``; one "head" per layer): Abnar &
     Zuidema's heads averaged, ``0.5 A + 0.5 I``, multiplied through the layers
     (:func:`handformer.inspect.attention_rollout`).
-
-    Raises:
-        NotImplementedError: while :mod:`handformer.inspect` has no rollout.
     """
-    try:
-        from handformer.inspect import attention_rollout
-    except ImportError:
-        raise NotImplementedError("attention rollout needs handformer.inspect.attention_rollout"
-                                  ", which this installation does not have yet") from None
+    from handformer.inspect import attention_rollout
+    from handformer.viz.html import viewer_payload
+
     model = state.variant(req.attention)
     enc = encode(state, req.text)
     with torch.inference_mode(), ablated(model, req.heads):
         attentions = model(**enc.batch, need_weights=True).attentions
     rolled = [attention_rollout(attentions, layers=range(layer + 1))[0]  # (L, L) each
               for layer in range(len(attentions))]
-    from handformer.viz.html import viewer_payload
-
     stack = [r.float()[None, None] for r in rolled]  # N x (1, 1, L, L): one "head" per layer
     note = f"{state.name} \u00b7 {req.attention.describe()} \u00b7 attention rollout"
     result = _header(state, req) | {"tokens": enc.tokens,
