@@ -51,3 +51,25 @@ def tiny_checkpoint(folder: Path, *, hidden_size: int = 32, layers: int = 2, hea
 def state_hash(model: torch.nn.Module) -> dict[str, bytes]:
     """A copy of every parameter's bytes, to prove that nothing changed."""
     return {k: v.detach().clone().numpy().tobytes() for k, v in model.state_dict().items()}
+
+
+def tiny_gpt2_folder(folder: Path, *, n_layer: int = 1, vocab_size: int = 40) -> Path:
+    """Save a random ``transformers`` GPT-2 (n_embd 16, 2 heads, 32 positions) with a
+    word-level ``tokenizer.json`` of ``w0 .. w{V-2}`` and ``<|endoftext|>`` (id ``V - 1``)."""
+    import warnings
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    eos = vocab_size - 1
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=vocab_size, n_positions=32, n_embd=16,
+                                     n_layer=n_layer, n_head=2, bos_token_id=eos,
+                                     eos_token_id=eos, initializer_range=0.3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        transformers.GPT2LMHeadModel(config).save_pretrained(folder, safe_serialization=True)
+    vocab = {f"w{i}": i for i in range(vocab_size - 1)} | {"<|endoftext|>": eos}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(folder / "tokenizer.json"))
+    return folder

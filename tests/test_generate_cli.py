@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import re
-import warnings
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from handformer.commands.generate import _TextStream
 from handformer.models.causal_lm import CausalLM
 from handformer.pretrained import load_gpt2
 from handformer.train.data import CharVocab
+from pretrained_util import tiny_gpt2_folder
 
 transformers = pytest.importorskip("transformers")
 V, EOS = 40, 39
@@ -23,20 +23,7 @@ V, EOS = 40, 39
 
 @pytest.fixture
 def gpt2_dir(tmp_path: Path) -> Path:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=V, n_positions=32, n_embd=16, n_layer=1,
-                                     n_head=2, bos_token_id=EOS, eos_token_id=EOS,
-                                     initializer_range=0.3)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path, safe_serialization=True)
-    vocab = {f"w{i}": i for i in range(V - 1)} | {"<|endoftext|>": EOS}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.save(str(tmp_path / "tokenizer.json"))
-    return tmp_path
+    return tiny_gpt2_folder(tmp_path, n_layer=1, vocab_size=V)
 
 
 def test_gpt2_folder_greedy(gpt2_dir: Path, capsys: pytest.CaptureFixture) -> None:

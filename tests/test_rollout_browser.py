@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from browser_util import start_chromium
 from handformer.inspect import attention_flow, attention_rollout
 from handformer.pretrained import load_bert
 from handformer.viz import rollout_payload, save_html
@@ -15,13 +14,6 @@ from handformer.viz import rollout_payload, save_html
 pytestmark = pytest.mark.browser
 
 SEED = "The animal didn't cross the street because it was too tired"
-
-
-@pytest.fixture(scope="module")
-def driver():  # noqa: ANN201 - a selenium WebDriver
-    d = start_chromium()
-    yield d
-    d.quit()
 
 
 def test_rollout_view_draws_and_follows_clicks(driver, tmp_path: Path) -> None:  # noqa: ANN001

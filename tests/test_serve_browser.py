@@ -13,7 +13,6 @@ import json
 
 import pytest
 
-from browser_util import start_chromium
 from handformer.pretrained import embed, load_bert
 from serve_util import Server, causal_folder, cosine, zero_heads
 from test_viewer_browser import canvas_hash, severe, wait_for
@@ -22,13 +21,6 @@ pytestmark = pytest.mark.browser
 
 TEXT = "A quick brown fox jumps over the lazy dog"
 PAIR = "A fast fox leaps over a sleepy hound"
-
-
-@pytest.fixture(scope="module")
-def driver():  # noqa: ANN201 - a selenium WebDriver
-    d = start_chromium(performance_log=True)
-    yield d
-    d.quit()
 
 
 @pytest.fixture(scope="module")

@@ -185,25 +185,12 @@ def test_local_trained_model_defaults_to_its_own_attention(tmp_path):
 
 
 def test_gpt2_folder_with_a_tokenizer_json(tmp_path):
-    transformers = pytest.importorskip("transformers")
-    import warnings
-
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
+    pytest.importorskip("transformers")
     from handformer.pretrained import load_gpt2
+    from pretrained_util import tiny_gpt2_folder
 
-    V, EOS = 40, 39
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=V, n_positions=32, n_embd=16, n_layer=2,
-                                     n_head=2, bos_token_id=EOS, eos_token_id=EOS,
-                                     initializer_range=0.3)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path, safe_serialization=True)
-    vocab = {f"w{i}": i for i in range(V - 1)} | {"<|endoftext|>": EOS}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.save(str(tmp_path / "tokenizer.json"))
+    EOS = 39  # tiny_gpt2_folder's <|endoftext|> with its default 40-word vocabulary
+    tiny_gpt2_folder(tmp_path, n_layer=2)
     model, tokenizer = load_gpt2(tmp_path)
     s = Server("--model", str(tmp_path))
     try:

@@ -15,7 +15,6 @@ import pytest
 import torch
 from matplotlib.image import imread
 
-from browser_util import start_chromium
 from handformer.masks import window_mask
 from handformer.pretrained import load_bert
 from handformer.viz import AttentionView, save_html
@@ -23,13 +22,6 @@ from handformer.viz import AttentionView, save_html
 pytestmark = pytest.mark.browser
 
 SEED = "The animal didn't cross the street because it was too tired"
-
-
-@pytest.fixture(scope="module")
-def driver():  # noqa: ANN201 - a selenium WebDriver
-    d = start_chromium()
-    yield d
-    d.quit()
 
 
 @pytest.fixture(scope="module")
