@@ -24,7 +24,7 @@ from threading import Lock
 import torch
 from torch import Tensor, nn
 
-__all__ = ["HookPoint", "HookFn", "active_hooks", "HookError"]
+__all__ = ["HookPoint", "HookFn", "active_hooks", "hooks_active", "HookError"]
 
 HookFn = Callable[[Tensor, str], "Tensor | None"]
 Registry = Mapping["HookPoint", tuple[tuple[str, HookFn], ...]]
@@ -71,6 +71,15 @@ class HookPoint(nn.Module):
             return False
         active = _ACTIVE.get()
         return active is not None and bool(active.get(self))
+
+
+def hooks_active() -> bool:
+    """True when hooks are registered in the current context (a hook point may listen).
+
+    Code that computes a forward pass without its hook points (the plain decoding step of
+    :mod:`handformer.models.plain_step`) checks this and takes the modules' path instead.
+    """
+    return bool(_open_blocks) and bool(_ACTIVE.get())
 
 
 def _apply(fn: HookFn, x: Tensor, name: str) -> Tensor:

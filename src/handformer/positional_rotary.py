@@ -88,7 +88,9 @@ class RotaryEmbedding(nn.Module):
             * self._inv_freq  # (B, 1, L, D/2)
         return angles.cos().to(device, dtype), angles.sin().to(device, dtype)
 
-    def _rotate_with(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def rotate_with(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """Rotate ``x: (B, H, L, D)`` by the angles whose ``cos`` and ``sin`` are given
+        (from :meth:`cos_sin`, ``(B, 1, L, D/2)``): one table for ``q``, ``k`` and every layer."""
         if x.shape[-1] != self.dim:
             raise ValueError(f"x has {x.shape[-1]} features, rotary dim is {self.dim}")
         if cos.shape[-2] != x.shape[-2]:
@@ -101,7 +103,7 @@ class RotaryEmbedding(nn.Module):
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         """Rotate ``x: (B, H, L, D)`` at ``positions`` ``(B, L)`` or ``(L,)``."""
         compute = torch.float64 if x.dtype == torch.float64 else torch.float32
-        return self._rotate_with(x, *self.cos_sin(positions, compute, x.device))
+        return self.rotate_with(x, *self.cos_sin(positions, compute, x.device))
 
     def forward(self, q: Tensor, k: Tensor, positions: Tensor | None = None, *,
                 offset: int = 0) -> tuple[Tensor, Tensor]:
@@ -126,7 +128,7 @@ class RotaryEmbedding(nn.Module):
                 return self.rotate(q, pos_q), self.rotate(k, positions)
         compute = torch.float64 if q.dtype == torch.float64 else torch.float32
         cos, sin = self.cos_sin(positions, compute, q.device)  # once for q and k
-        return self._rotate_with(q, cos, sin), self._rotate_with(k, cos, sin)
+        return self.rotate_with(q, cos, sin), self.rotate_with(k, cos, sin)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, base={self.base}"

@@ -240,6 +240,28 @@ class KVCache(LayerCache):
         self._n = n
         return self.keys_values()
 
+    def push(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Add the keys and values of real new tokens, with no checks (a trusted caller).
+
+        What :class:`~handformer.models.plain_step.PlainDecodeStep` calls for each new token:
+        :meth:`attend` without the argument checks and without the attention itself.
+
+        Args:
+            k: ``(B, H, L_new, D)`` keys of real tokens (no padding among them).
+            v: ``(B, H, L_new, D_v)`` their values.
+
+        Returns:
+            ``(keys, values, key_mask)``: everything held, ``(B, H, L_k, D)`` and
+            ``(B, H, L_k, D_v)`` (views of the buffers), and the ``(B, 1, 1, L_k)`` bool key
+            mask (None when no padding was ever fed).
+        """
+        B, _, L_new, _ = k.shape
+        if self._keep is not None:
+            self._keep = _join_keep(self._keep, self._n, None, B, L_new, k.device)
+        keys, values = self._append(k, v)
+        self.seen += L_new
+        return keys, values, None if self._keep is None else self._keep[:, None, None, :]
+
     def attend(self, attention: AttentionKind, q: Tensor, k: Tensor, v: Tensor, *,
                causal: bool = True, mask: Tensor | None = None, need_weights: bool = False,
                dropout_p: float = 0.0, scale: float | None = None

@@ -30,6 +30,7 @@ from handformer.hooks import HookPoint
 from handformer.layers import Dropout
 from handformer.masks import from_hf_attention_mask
 from handformer.models.causal_lm_config import CausalLMConfig
+from handformer.models.plain_step import PlainDecodeStep
 from handformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from handformer.positional_rotary import RotaryEmbedding
 from handformer.weights import load_safetensors
@@ -236,6 +237,21 @@ class CausalLM(nn.Module):
         cache.seen += L
         cache.next_positions = start + L
         return logits[:, -1]
+
+    def plain_decode_step(self, cache: DecodingCache) -> PlainDecodeStep | None:
+        """The decoding step as plain tensor functions, for this model and a ``cache`` the
+        prompt filled: what ``generate`` runs for each new token (see
+        :mod:`handformer.models.plain_step`).
+
+        Returns:
+            A :class:`~handformer.models.plain_step.PlainDecodeStep`, or None where it does
+            not apply (another attention kind, PyTorch forward hooks, training mode, a
+            subclass that overrides :meth:`run` or :meth:`decode_step`): then
+            :meth:`decode_step` is the step.
+        """
+        if type(self).run is not CausalLM.run or type(self).decode_step is not CausalLM.decode_step:
+            return None
+        return PlainDecodeStep.build(self, cache)
 
     def _check_ids(self, input_ids: Tensor) -> tuple[int, int]:
         if not isinstance(input_ids, Tensor):

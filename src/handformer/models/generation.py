@@ -18,6 +18,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from handformer.hooks import hooks_active
+
 __all__ = ["generate", "filter_logits"]
 
 
@@ -74,14 +76,18 @@ def generate(model: nn.Module, input_ids: Tensor, *, max_new_tokens: int,
              top_p: float | None = None, eos_token_id: int | None = None,
              pad_token_id: int | None = None, attention_mask: Tensor | None = None,
              generator: torch.Generator | None = None, use_cache: bool = True,
-             streamer: Callable[[Tensor], None] | None = None, compile: bool = False,
-             compile_backend: str = "inductor") -> Tensor:
+             streamer: Callable[[Tensor], None] | None = None, plain_step: bool = True,
+             compile: bool = False, compile_backend: str = "inductor") -> Tensor:
     """Generate up to ``max_new_tokens`` tokens after each prompt.
 
     The model runs in eval mode (no dropout) and under ``torch.inference_mode``; its mode is
     restored. The arguments are checked once, here; the steps then run without per-call
-    checks (:meth:`~handformer.CausalLM.decode_step`), with a cache allocated for the prompt
-    plus ``max_new_tokens`` tokens and written in place.
+    checks, with a cache allocated for the prompt plus ``max_new_tokens`` tokens and written
+    in place. The prompt goes through the modules; each new token after it through
+    :meth:`~handformer.CausalLM.plain_decode_step` (the same arithmetic as plain tensor
+    functions, without the modules' call overhead) where the model allows it (a CausalLM
+    with full attention, no hooks listening), else through the modules
+    (:meth:`~handformer.CausalLM.decode_step`).
 
     Args:
         model: a :class:`~handformer.CausalLM` (anything with ``config.max_len``,
@@ -99,6 +105,8 @@ def generate(model: nn.Module, input_ids: Tensor, *, max_new_tokens: int,
         generator: a seeded ``torch.Generator`` makes sampling reproducible.
         use_cache: decode incrementally with the model's cache (same tokens, much faster).
         streamer: called with each new ``(B,)`` token tensor as soon as it is chosen.
+        plain_step: decode with the plain-function step where it applies (the default);
+            False runs every step through the modules (the same tokens, slower).
         compile: run each decoding step as one graph compiled by ``torch.compile``, on
             fixed-shape caches (:class:`~handformer.attention.cache.StaticKVCache`): the
             first call compiles (a minute or so with Inductor on a small CPU), later calls
@@ -140,6 +148,8 @@ def generate(model: nn.Module, input_ids: Tensor, *, max_new_tokens: int,
         raise ValueError(f"prompt ({L} tokens) + max_new_tokens ({max_new_tokens}) = "
                          f"{L + max_new_tokens} exceeds the context max_len={config.max_len}; "
                          f"ask for at most {config.max_len - L} new tokens")
+    if not isinstance(plain_step, bool):
+        raise ValueError(f"plain_step must be True or False, got {plain_step!r}")
     run = _compiled_run(model, compile, compile_backend, use_cache)
     pad = eos_token_id if pad_token_id is None else pad_token_id
 
@@ -149,7 +159,7 @@ def generate(model: nn.Module, input_ids: Tensor, *, max_new_tokens: int,
         with torch.inference_mode():
             ids = _loop(model, input_ids, attention_mask, max_new_tokens, do_sample,
                         temperature, top_k, top_p, eos_token_id, pad, generator, use_cache,
-                        streamer, run)
+                        streamer, run, plain_step and run is None)
     finally:
         model.train(was_training)
     return ids.clone()  # an ordinary tensor: inference-mode tensors refuse in-place edits
@@ -219,7 +229,7 @@ def _loop(model: nn.Module, ids: Tensor, mask: Tensor | None, max_new_tokens: in
           do_sample: bool, temperature: float, top_k: int | None, top_p: float | None,
           eos: int | None, pad: int | None, generator: torch.Generator | None,
           use_cache: bool, streamer: Callable[[Tensor], None] | None,
-          run: Callable[..., tuple[Tensor, object]] | None) -> Tensor:
+          run: Callable[..., tuple[Tensor, object]] | None, plain: bool) -> Tensor:
     B, L = ids.shape
     out = ids.new_empty(B, L + max_new_tokens)  # prompt + new tokens, filled step by step
     out[:, :L] = ids
@@ -231,6 +241,7 @@ def _loop(model: nn.Module, ids: Tensor, mask: Tensor | None, max_new_tokens: in
                                  static=True) if run is not None
                  else _new_cache(model, needed))
     step = getattr(model, "decode_step", None)
+    fast = None  # the plain step, built after the prompt filled the cache
     token = ids[:, -1]  # (B,) the last token so far
     n = L
     for i in range(max_new_tokens):
@@ -240,6 +251,10 @@ def _loop(model: nn.Module, ids: Tensor, mask: Tensor | None, max_new_tokens: in
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (B, n + 1)
         elif i == 0:  # the prompt, checked by forward
             logits = model(ids, attention_mask=mask, cache=cache).logits[:, -1]
+            if plain and hasattr(model, "plain_decode_step"):
+                fast = model.plain_decode_step(cache)
+        elif fast is not None and not hooks_active():  # (hooks listen to the modules only)
+            logits = fast(token)  # (B, V)
         elif step is not None:  # trusted step: its inputs were checked above
             logits = step(token[:, None], cache, run)  # token (B,) -> (B, 1)
         else:
