@@ -13,8 +13,10 @@ vocabulary 1000). Three measurements, each in one process with interleaved runs 
 4. against the tool users would pick instead: the same GPT-2-shaped model (random weights
    saved as a GPT-2 folder, loaded by ``handformer.pretrained.load_gpt2`` and by
    ``transformers.GPT2LMHeadModel``) generating 128 tokens greedily after contexts of 128 and
-   1024 tokens, with handformer's ``generate`` (eager, the default, and ``compile=True``)
-   and transformers' ``generate`` (its KV cache); identical tokens asserted; target
+   1024 tokens, with handformer's ``generate`` (eager: the default, each new token through
+   the plain-function step; ``plain_step=False``, every step through the modules; and
+   ``compile=True``) and transformers' ``generate`` (its KV cache); identical tokens
+   asserted; target
    handformer / transformers <= 0.5 in ms per new token.
 
 Run: ``make bench`` or ``.venv/bin/python benchmarks/bench_decode.py``
@@ -172,6 +174,8 @@ def bench_vs_transformers() -> dict[str, object]:
                     torch.nn.functional.linear(inputs[mod.in_features], mod.weight, mod.bias)
 
     variants = {"handformer": lambda p, n: ours.generate(p, max_new_tokens=n),
+                "handformer_modules":
+                    lambda p, n: ours.generate(p, max_new_tokens=n, plain_step=False),
                 "transformers": run_theirs, "matmuls_only": run_matmuls}
     compile_s: dict[str, float] = {}  # context -> seconds of the first (compiling) call
     if HF_COMPILE:
@@ -252,7 +256,8 @@ def main() -> None:
     print(f"linear decoding: time max/min {flat_time:.2f}, cache memory max/min {flat_mem:.2f}")
     ok = lambda c: "yes" if c else "NO"  # noqa: E731
     compiled = HF_COMPILE
-    names = ["handformer", *(["handformer_compiled"] if compiled else []), "transformers"]
+    names = ["handformer", "handformer_modules", *(["handformer_compiled"] if compiled else []),
+             "transformers"]
 
     def both(r: dict, key: str) -> str:  # "wall (CPU)"
         cpu = key.replace("_ms", "_cpu_ms").replace("_ratio", "_cpu_ratio")
@@ -309,11 +314,16 @@ def main() -> None:
         "one-threaded run itself cost, less disturbed by other jobs on a shared CPU). Target: "
         "handformer / transformers ≤ 0.5.",
         "",
-        "| context | handformer ms/token | "
-        + ("handformer compile=True ms/token | " if compiled else "")
-        + "transformers ms/token | handformer / transformers |"
+        "handformer is `generate`'s default: the prompt through the modules, each new token "
+        "through the plain-function step (`handformer/models/plain_step.py`); "
+        "`plain_step=False` runs every step through the modules (`CausalLM.decode_step`), "
+        "the same tokens.",
+        "",
+        "| context | handformer ms/token | plain_step=False ms/token | "
+        + ("compile=True ms/token | " if compiled else "")
+        + "transformers ms/token | handformer / transformers | plain_step=False / transformers |"
         + (" compile=True / transformers |" if compiled else ""),
-        "|---|---|---|---|" + ("---|---|" if compiled else ""),
+        "|---|---|---|---|---|---|" + ("---|---|" if compiled else ""),
         *peer_rows,
         "",
         f"The floor: the same weights' {peer['matmuls']} matrix-vector products alone (every "

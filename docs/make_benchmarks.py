@@ -343,6 +343,7 @@ def _decode_vs_transformers(peer: dict | None) -> list[str]:
     if not peer or not peer.get("rows"):
         return []
     compiled = "handformer_compiled_ms_per_token" in peer["rows"][0]
+    modules = "handformer_modules_ms_per_token" in peer["rows"][0]  # plain_step=False
 
     def cell(r: dict, key: str) -> str:  # "wall (CPU)"
         cpu = r.get(key.replace("_ms", "_cpu_ms").replace("_ratio", "_cpu_ratio"))
@@ -354,12 +355,17 @@ def _decode_vs_transformers(peer: dict | None) -> list[str]:
            "identical tokens asserted; ms per new token (prefill subtracted), wall-clock "
            "median with this process's CPU time in brackets. Target: handformer / "
            f"transformers ≤ {peer.get('target', 0.5)}.", "",
-           "| context | handformer | " + ("handformer `compile=True` | " if compiled else "")
+           "handformer is `generate`'s default (each new token through the plain-function "
+           "step); `plain_step=False` runs every step through the modules.", "",
+           "| context | handformer | " + ("`plain_step=False` | " if modules else "")
+           + ("handformer `compile=True` | " if compiled else "")
            + "transformers | weights' matrix-vector products alone | handformer / transformers"
            + (" | compiled / transformers" if compiled else "") + " |",
-           "|---|---|---|---|---|" + ("---|---|" if compiled else "")]
+           "|---|---|---|---|---|" + ("---|" if modules else "")
+           + ("---|---|" if compiled else "")]
     for r in peer["rows"]:
         out.append(f"| {r['context']} | {cell(r, 'handformer_ms_per_token')} | "
+                   + (f"{cell(r, 'handformer_modules_ms_per_token')} | " if modules else "")
                    + (f"{cell(r, 'handformer_compiled_ms_per_token')} | " if compiled else "")
                    + f"{cell(r, 'transformers_ms_per_token')} | "
                    + (f"{cell(r, 'matmuls_only_ms_per_token')} | "
