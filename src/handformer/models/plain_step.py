@@ -29,6 +29,7 @@ the prompt, hooks, weights and every other attention kind go through them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -59,7 +60,7 @@ class _Layer:
     out: tuple[Tensor, Tensor | None]
     ff1: tuple[Tensor, Tensor | None]  # (d_ff, E), (d_ff,)
     ff2: tuple[Tensor, Tensor | None]  # (E, d_ff), (E,)
-    activation: object  # Tensor -> Tensor
+    activation: Callable[[Tensor], Tensor]
     cache: KVCache
 
 
