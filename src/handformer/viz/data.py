@@ -24,6 +24,7 @@ __all__ = [
     "check_tokens",
     "as_pattern",
     "encode_weights",
+    "quantize_weights",
     "LayerSummary",
     "summarize",
 ]
@@ -33,6 +34,8 @@ __all__ = [
 RAW_LIMIT = 256 * 1024
 # Budget for the encoded weights in one HTML file (the page itself adds about 40 kB).
 MAX_BYTES = 9 * 1024 * 1024
+# float32 values per quantisation block (1 MB): small enough to stay in a core's cache.
+_BLOCK = 1 << 18
 
 
 def _to_numpy(x: object, name: str) -> np.ndarray:
@@ -168,41 +171,97 @@ def as_pattern(pattern: object, L_q: int, L_k: int) -> np.ndarray | None:
                          f"(L_q, L_k) = ({L_q}, {L_k})") from None
 
 
+def quantize_weights(x: np.ndarray, levels: int = 255) -> tuple[np.ndarray, np.ndarray,
+                                                                np.ndarray]:
+    """Quantise ``(N, H, L_q, L_k)`` weights to ``levels + 1`` values per head, 8 bits each.
+
+    Each head is scaled to its own range ``[lo, hi]`` (``lo = min(0, min)``): ``q`` stands for
+    ``lo + q / levels * (hi - lo)``, and ``q = rint((x - lo) * (levels / (hi - lo)))`` in
+    float32 (a constant head uses a span of 1). The arithmetic runs in blocks of about a
+    megabyte, so each block stays in cache while it is shifted, scaled, rounded and stored
+    (at 512 tokens x 72 heads, twice as fast as whole-array passes).
+
+    Args:
+        x: float32 ``(N, H, L_q, L_k)`` weights, all finite (see :func:`as_attention_array`).
+        levels: the largest code, 1..255.
+
+    Returns:
+        ``(q, lo, hi)``: uint8 ``(N, H, L_q, L_k)`` codes and float32 ``(N, H)`` ranges.
+
+    Raises:
+        ValueError: for another rank or dtype, an empty array, or ``levels`` outside 1..255.
+    """
+    if x.ndim != 4 or x.dtype != np.float32:
+        raise ValueError(f"x must be a float32 (N, H, L_q, L_k) array, got {x.dtype} "
+                         f"{tuple(x.shape)}")
+    if isinstance(levels, bool) or not isinstance(levels, int) or not 1 <= levels <= 255:
+        raise ValueError(f"levels must be an int in 1..255, got {levels!r}")
+    if x.size == 0:
+        raise ValueError(f"x is empty (shape {tuple(x.shape)})")
+    N, H, L_q, L_k = x.shape
+    lo = np.minimum(x.min(axis=(2, 3)), 0.0)  # (N, H)
+    hi = x.max(axis=(2, 3))  # (N, H)
+    span = np.where(hi > lo, hi - lo, 1.0)  # (N, H)
+    factor = (levels / span).astype(np.float32)  # (N, H)
+    rows, cols = N * H, L_q * L_k
+    src = np.ascontiguousarray(x).reshape(rows, cols)  # (N * H, L_q * L_k)
+    codes = np.empty((rows, cols), dtype=np.uint8)
+    lo_col, factor_col = lo.reshape(rows, 1), factor.reshape(rows, 1)  # (N * H, 1)
+    col_step = min(cols, _BLOCK)
+    row_step = max(1, _BLOCK // cols)
+    scratch = np.empty((min(rows, row_step), col_step), dtype=np.float32)
+    for r in range(0, rows, row_step):
+        r_end = min(r + row_step, rows)
+        for c in range(0, cols, col_step):
+            c_end = min(c + col_step, cols)
+            block = scratch[: r_end - r, : c_end - c]
+            np.subtract(src[r:r_end, c:c_end], lo_col[r:r_end], out=block)
+            np.multiply(block, factor_col[r:r_end], out=block)
+            np.rint(block, out=block)  # round half to even
+            codes[r:r_end, c:c_end] = block
+    return codes.reshape(x.shape), lo, hi
+
+
 def encode_weights(x: np.ndarray, *, max_bytes: int = MAX_BYTES,
-                   compress: bool = True) -> dict[str, object]:
+                   compress: bool = True, binary: bool = False) -> dict[str, object]:
     """Quantise ``(N, H, L_q, L_k)`` weights to 8 bits per value for the HTML viewer.
 
     Each head is scaled to its own range ``[lo, hi]`` (``lo = min(0, min)``), which is what a
     linear colour map shows anyway: value ``q`` of ``levels`` stands for
-    ``lo + q / levels * (hi - lo)``, so the largest error is ``(hi - lo) / (2 * levels)``.
+    ``lo + q / levels * (hi - lo)``, so the largest error is ``(hi - lo) / (2 * levels)``
+    (see :func:`quantize_weights`).
     Large inputs are deflate-compressed (zlib format); real attention is peaked and compresses
     well (512 tokens x 6 layers x 12 heads of all-MiniLM-L6-v2: about 4 MB). If the encoded
     data would still exceed ``max_bytes``, fewer levels (63, then 15) are used.
     ``compress=False`` keeps every size raw with 255 levels (no budget): faster to make, for
     data that crosses a local connection rather than sits in a file (``handformer serve``).
+    ``binary=True`` implies ``compress=False`` and gives the bytes themselves instead of
+    base64 text, for a transport that carries bytes (``handformer serve``'s binary answer;
+    the viewer's ``render()`` takes them as a ``Uint8Array``).
 
     Returns:
         ``{"encoding": "raw"|"deflate", "levels": int, "data": base64 str,
-        "scale": [[lo, hi], ...]}`` with one ``[lo, hi]`` per head, layer-major.
+        "scale": [[lo, hi], ...]}`` with one ``[lo, hi]`` per head, layer-major; with
+        ``binary=True`` ``"data"`` is a read-only ``memoryview`` of the ``N * H * L_q * L_k``
+        codes in C order.
     """
-    lo = np.minimum(x.min(axis=(2, 3)), 0.0)  # (N, H)
-    hi = x.max(axis=(2, 3))  # (N, H)
-    span = np.where(hi > lo, hi - lo, 1.0)  # (N, H)
+    compress = compress and not binary
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    q, lo, hi = quantize_weights(x, 255)
     scale = [[round(float(a), 6), round(float(b), 6)]
              for a, b in zip(lo.reshape(-1), hi.reshape(-1), strict=True)]
     for levels in (255, 63, 15):
-        # (x - lo) / span * levels, rounded: in place, in float32 (one buffer, a few passes)
-        q = np.subtract(x, lo[..., None, None], dtype=np.float32)  # (N, H, L_q, L_k)
-        q *= (levels / span)[..., None, None].astype(np.float32)
-        raw = memoryview(np.rint(q, out=q).astype(np.uint8).reshape(-1))  # no extra copy
+        if levels != 255:
+            q = quantize_weights(x, levels)[0]
+        raw = memoryview(q.reshape(-1))  # no extra copy
         if len(raw) <= RAW_LIMIT or not compress:
             encoding, payload = "raw", raw
         else:
             encoding, payload = "deflate", zlib.compress(raw, 4)  # 6 is 3x slower, -10%
         if not compress or 4 * ((len(payload) + 2) // 3) <= max_bytes:  # base64 length
             break
-    return {"encoding": encoding, "levels": levels,
-            "data": base64.b64encode(payload).decode("ascii"), "scale": scale}
+    data = raw.toreadonly() if binary else base64.b64encode(payload).decode("ascii")
+    return {"encoding": encoding, "levels": levels, "data": data, "scale": scale}
 
 
 @dataclass

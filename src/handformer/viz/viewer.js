@@ -29,8 +29,10 @@
     return out;
   }
 
+  // d.data: base64 text (the JSON of #hf-data), or the codes themselves as a Uint8Array
+  // (what `handformer serve` pages fetch with ?weights=binary).
   async function decode(d) {
-    const raw = bytes(d.data);
+    const raw = d.data instanceof Uint8Array ? d.data : bytes(d.data);
     if (d.encoding === "raw") return raw;
     if (typeof DecompressionStream === "undefined") {
       throw new Error("this browser cannot inflate the compressed weights " +
