@@ -21,6 +21,7 @@ import torch
 
 __all__ = [
     "as_attention_array",
+    "as_attention_layers",
     "check_tokens",
     "as_pattern",
     "encode_weights",
@@ -62,6 +63,25 @@ def as_attention_array(attentions: object, *, batch_index: int = 0) -> np.ndarra
     """Normalise attention weights to one float32 array ``(N, H, L_q, L_k)``.
 
     Args:
+        attentions: what :func:`as_attention_layers` accepts.
+        batch_index: which batch element to take from ``(B, H, L_q, L_k)`` weights.
+
+    Returns:
+        float32 numpy array ``(N, H, L_q, L_k)``.
+
+    Raises:
+        TypeError, ValueError: as :func:`as_attention_layers`.
+    """
+    x = _normalise(attentions, batch_index)
+    return np.stack(x) if isinstance(x, list) else x
+
+
+def as_attention_layers(attentions: object, *, batch_index: int = 0
+                        ) -> np.ndarray | list[np.ndarray]:
+    """Like :func:`as_attention_array`, without stacking per-layer inputs into one new array
+    (at 512 tokens x 72 heads that copy is 76 MB): what the quantiser needs.
+
+    Args:
         attentions: ``(L_q, L_k)`` (one head), ``(H, L_q, L_k)`` or ``(B, H, L_q, L_k)`` (one
             layer), a list/tuple of per-layer ``(B, H, L_q, L_k)`` or ``(H, L_q, L_k)``
             tensors, or an object with an ``.attentions`` attribute holding such a sequence
@@ -69,13 +89,18 @@ def as_attention_array(attentions: object, *, batch_index: int = 0) -> np.ndarra
         batch_index: which batch element to take from ``(B, H, L_q, L_k)`` weights.
 
     Returns:
-        float32 numpy array ``(N, H, L_q, L_k)``.
+        A float32 ``(N, H, L_q, L_k)`` array, or for a sequence input a list of ``N``
+        C-contiguous float32 ``(H, L_q, L_k)`` arrays; either way ``x[n]`` is layer ``n``.
 
     Raises:
         TypeError: for other input types.
         ValueError: for other ranks, layers of different shapes, empty input, or values that
             are not finite.
     """
+    return _normalise(attentions, batch_index)
+
+
+def _normalise(attentions: object, batch_index: int) -> np.ndarray | list[np.ndarray]:
     if hasattr(attentions, "attentions") and not isinstance(attentions, torch.Tensor | np.ndarray):
         attentions = attentions.attentions
         if attentions is None:
@@ -105,7 +130,12 @@ def as_attention_array(attentions: object, *, batch_index: int = 0) -> np.ndarra
                 raise ValueError(f"attentions[{n}] has shape {tuple(y.shape)} but attentions[0] "
                                  f"has {tuple(layers[0].shape)}; all layers must match")
             layers.append(y)
-        x = np.stack(layers)  # (N, H, L_q, L_k)
+        if layers[0].size == 0:
+            raise ValueError(f"attentions is empty (shape {(len(layers), *layers[0].shape)})")
+        for n, layer in enumerate(layers):  # min and max propagate NaN, show infinities
+            if not (np.isfinite(layer.min()) and np.isfinite(layer.max())):
+                raise ValueError(f"attentions holds NaN or infinite values (layer {n})")
+        return [np.ascontiguousarray(y, dtype=np.float32) for y in layers]  # N x (H, L_q, L_k)
     else:
         fields = sorted(n for n in dir(attentions)
                         if n.endswith("attentions") and not n.startswith("_"))
@@ -171,8 +201,8 @@ def as_pattern(pattern: object, L_q: int, L_k: int) -> np.ndarray | None:
                          f"(L_q, L_k) = ({L_q}, {L_k})") from None
 
 
-def quantize_weights(x: np.ndarray, levels: int = 255) -> tuple[np.ndarray, np.ndarray,
-                                                                np.ndarray]:
+def quantize_weights(x: np.ndarray | Sequence[np.ndarray], levels: int = 255
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Quantise ``(N, H, L_q, L_k)`` weights to ``levels + 1`` values per head, 8 bits each.
 
     Each head is scaled to its own range ``[lo, hi]`` (``lo = min(0, min)``): ``q`` stands for
@@ -182,49 +212,56 @@ def quantize_weights(x: np.ndarray, levels: int = 255) -> tuple[np.ndarray, np.n
     (at 512 tokens x 72 heads, twice as fast as whole-array passes).
 
     Args:
-        x: float32 ``(N, H, L_q, L_k)`` weights, all finite (see :func:`as_attention_array`).
+        x: float32 weights, all finite: one ``(N, H, L_q, L_k)`` array or ``N`` arrays
+            ``(H, L_q, L_k)`` (see :func:`as_attention_layers`).
         levels: the largest code, 1..255.
 
     Returns:
         ``(q, lo, hi)``: uint8 ``(N, H, L_q, L_k)`` codes and float32 ``(N, H)`` ranges.
 
     Raises:
-        ValueError: for another rank or dtype, an empty array, or ``levels`` outside 1..255.
+        ValueError: for other ranks, dtypes or shapes, an empty input, or ``levels`` outside
+            1..255.
     """
-    if x.ndim != 4 or x.dtype != np.float32:
-        raise ValueError(f"x must be a float32 (N, H, L_q, L_k) array, got {x.dtype} "
-                         f"{tuple(x.shape)}")
     if isinstance(levels, bool) or not isinstance(levels, int) or not 1 <= levels <= 255:
         raise ValueError(f"levels must be an int in 1..255, got {levels!r}")
-    if x.size == 0:
-        raise ValueError(f"x is empty (shape {tuple(x.shape)})")
-    N, H, L_q, L_k = x.shape
-    lo = np.minimum(x.min(axis=(2, 3)), 0.0)  # (N, H)
-    hi = x.max(axis=(2, 3))  # (N, H)
-    span = np.where(hi > lo, hi - lo, 1.0)  # (N, H)
-    factor = (levels / span).astype(np.float32)  # (N, H)
-    rows, cols = N * H, L_q * L_k
-    src = np.ascontiguousarray(x).reshape(rows, cols)  # (N * H, L_q * L_k)
-    codes = np.empty((rows, cols), dtype=np.uint8)
-    lo_col, factor_col = lo.reshape(rows, 1), factor.reshape(rows, 1)  # (N * H, 1)
+    layers = list(x)
+    shape = layers[0].shape if layers else ()
+    if (not layers or any(y.dtype != np.float32 or y.shape != shape for y in layers)
+            or len(shape) != 3 or layers[0].size == 0):
+        got = [f"{y.dtype} {tuple(y.shape)}" for y in layers[:2]]
+        raise ValueError(f"x must be float32 (N, H, L_q, L_k) weights or N arrays (H, L_q, "
+                         f"L_k) of one shape, not empty; got {len(layers)} layer(s): {got}")
+    N, (H, L_q, L_k) = len(layers), shape
+    rows, cols = H, L_q * L_k
+    codes = np.empty((N, rows, cols), dtype=np.uint8)
+    lo, hi = np.empty((N, H), dtype=np.float32), np.empty((N, H), dtype=np.float32)
     col_step = min(cols, _BLOCK)
     row_step = max(1, _BLOCK // cols)
     scratch = np.empty((min(rows, row_step), col_step), dtype=np.float32)
-    for r in range(0, rows, row_step):
-        r_end = min(r + row_step, rows)
-        for c in range(0, cols, col_step):
-            c_end = min(c + col_step, cols)
-            block = scratch[: r_end - r, : c_end - c]
-            np.subtract(src[r:r_end, c:c_end], lo_col[r:r_end], out=block)
-            np.multiply(block, factor_col[r:r_end], out=block)
-            np.rint(block, out=block)  # round half to even
-            codes[r:r_end, c:c_end] = block
-    return codes.reshape(x.shape), lo, hi
+    for n, layer in enumerate(layers):
+        src = np.ascontiguousarray(layer).reshape(rows, cols)  # (H, L_q * L_k)
+        lo[n] = np.minimum(src.min(axis=1), 0.0)
+        hi[n] = src.max(axis=1)
+        span = np.where(hi[n] > lo[n], hi[n] - lo[n], 1.0)  # (H,)
+        lo_col = lo[n].reshape(rows, 1)
+        factor_col = (levels / span).astype(np.float32).reshape(rows, 1)  # (H, 1)
+        for r in range(0, rows, row_step):
+            r_end = min(r + row_step, rows)
+            for c in range(0, cols, col_step):
+                c_end = min(c + col_step, cols)
+                block = scratch[: r_end - r, : c_end - c]
+                np.subtract(src[r:r_end, c:c_end], lo_col[r:r_end], out=block)
+                np.multiply(block, factor_col[r:r_end], out=block)
+                np.rint(block, out=block)  # round half to even
+                codes[n, r:r_end, c:c_end] = block
+    return codes.reshape(N, H, L_q, L_k), lo, hi
 
 
-def encode_weights(x: np.ndarray, *, max_bytes: int = MAX_BYTES,
+def encode_weights(x: np.ndarray | Sequence[np.ndarray], *, max_bytes: int = MAX_BYTES,
                    compress: bool = True, binary: bool = False) -> dict[str, object]:
-    """Quantise ``(N, H, L_q, L_k)`` weights to 8 bits per value for the HTML viewer.
+    """Quantise ``(N, H, L_q, L_k)`` weights (one array, or ``N`` arrays ``(H, L_q, L_k)``)
+    to 8 bits per value for the HTML viewer.
 
     Each head is scaled to its own range ``[lo, hi]`` (``lo = min(0, min)``), which is what a
     linear colour map shows anyway: value ``q`` of ``levels`` stands for
@@ -246,7 +283,8 @@ def encode_weights(x: np.ndarray, *, max_bytes: int = MAX_BYTES,
         codes in C order.
     """
     compress = compress and not binary
-    x = np.ascontiguousarray(x, dtype=np.float32)
+    if isinstance(x, np.ndarray):
+        x = np.ascontiguousarray(x, dtype=np.float32)
     q, lo, hi = quantize_weights(x, 255)
     scale = [[round(float(a), 6), round(float(b), 6)]
              for a, b in zip(lo.reshape(-1), hi.reshape(-1), strict=True)]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from handformer.viz.data import as_attention_array, as_pattern, check_tokens, encode_weights
+from handformer.viz.data import as_attention_layers, as_pattern, check_tokens, encode_weights
 from handformer.viz.files import write_atomic
 
 __all__ = ["render_html", "save_html", "describe_pattern", "viewer_payload", "viewer_page"]
@@ -86,8 +86,8 @@ def viewer_payload(attentions: object, tokens: Sequence[str], *, pattern: object
     Raises:
         ValueError, TypeError: for inputs that do not fit together (see the messages).
     """
-    x = as_attention_array(attentions)  # (N, H, L_q, L_k)
-    N, H, L_q, L_k = x.shape
+    x = as_attention_layers(attentions)  # (N, H, L_q, L_k), or N x (H, L_q, L_k) unstacked
+    N, (H, L_q, L_k) = len(x), x[0].shape
     toks = check_tokens(tokens, L_q)
     keys = None if key_tokens is None else check_tokens(key_tokens, L_k, "key_tokens")
     if keys is None and L_q != L_k:
