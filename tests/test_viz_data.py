@@ -249,3 +249,15 @@ def test_attention_layers_are_not_stacked_and_are_checked():
         as_attention_layers(weights)
     with pytest.raises(ValueError, match="attentions is empty"):
         as_attention_layers([torch.zeros(2, 0, 5)])
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_viewer_data_refuses_nan_and_infinities(bad):
+    from handformer.viz.html import viewer_payload
+
+    weights = [torch.softmax(torch.randn(1, 2, 4, 4), -1) for _ in range(2)]
+    weights[1][0, 0, 2, 1] = bad  # checked once, by the quantiser
+    with pytest.raises(ValueError, match=r"attentions holds NaN or infinite values \(layer 1\)"):
+        viewer_payload(weights, list("abcd"))
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        quantize_weights(torch.stack(weights)[:, 0].numpy())

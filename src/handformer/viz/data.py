@@ -76,8 +76,8 @@ def as_attention_array(attentions: object, *, batch_index: int = 0) -> np.ndarra
     return np.stack(x) if isinstance(x, list) else x
 
 
-def as_attention_layers(attentions: object, *, batch_index: int = 0
-                        ) -> np.ndarray | list[np.ndarray]:
+def as_attention_layers(attentions: object, *, batch_index: int = 0,
+                        check_finite: bool = True) -> np.ndarray | list[np.ndarray]:
     """Like :func:`as_attention_array`, without stacking per-layer inputs into one new array
     (at 512 tokens x 72 heads that copy is 76 MB): what the quantiser needs.
 
@@ -87,6 +87,8 @@ def as_attention_layers(attentions: object, *, batch_index: int = 0
             tensors, or an object with an ``.attentions`` attribute holding such a sequence
             (a handformer model output). Tensors or numpy arrays.
         batch_index: which batch element to take from ``(B, H, L_q, L_k)`` weights.
+        check_finite: refuse NaN and infinities (two passes over the data); False for a
+            caller that checks them anyway, as :func:`quantize_weights` does.
 
     Returns:
         A float32 ``(N, H, L_q, L_k)`` array, or for a sequence input a list of ``N``
@@ -97,10 +99,11 @@ def as_attention_layers(attentions: object, *, batch_index: int = 0
         ValueError: for other ranks, layers of different shapes, empty input, or values that
             are not finite.
     """
-    return _normalise(attentions, batch_index)
+    return _normalise(attentions, batch_index, check_finite)
 
 
-def _normalise(attentions: object, batch_index: int) -> np.ndarray | list[np.ndarray]:
+def _normalise(attentions: object, batch_index: int, check_finite: bool = True
+               ) -> np.ndarray | list[np.ndarray]:
     if hasattr(attentions, "attentions") and not isinstance(attentions, torch.Tensor | np.ndarray):
         attentions = attentions.attentions
         if attentions is None:
@@ -132,8 +135,8 @@ def _normalise(attentions: object, batch_index: int) -> np.ndarray | list[np.nda
             layers.append(y)
         if layers[0].size == 0:
             raise ValueError(f"attentions is empty (shape {(len(layers), *layers[0].shape)})")
-        for n, layer in enumerate(layers):  # min and max propagate NaN, show infinities
-            if not (np.isfinite(layer.min()) and np.isfinite(layer.max())):
+        for n, layer in enumerate(layers):  # min and max propagate NaN and show infinities
+            if check_finite and not (np.isfinite(layer.min()) and np.isfinite(layer.max())):
                 raise ValueError(f"attentions holds NaN or infinite values (layer {n})")
         return [np.ascontiguousarray(y, dtype=np.float32) for y in layers]  # N x (H, L_q, L_k)
     else:
@@ -146,7 +149,7 @@ def _normalise(attentions: object, batch_index: int) -> np.ndarray | list[np.nda
     if x.size == 0:
         raise ValueError(f"attentions is empty (shape {tuple(x.shape)})")
     # min and max propagate NaN and show infinities: two passes, no L x L temporary
-    if not (np.isfinite(x.min()) and np.isfinite(x.max())):
+    if check_finite and not (np.isfinite(x.min()) and np.isfinite(x.max())):
         raise ValueError("attentions holds NaN or infinite values")
     return np.ascontiguousarray(x, dtype=np.float32)
 
@@ -220,8 +223,8 @@ def quantize_weights(x: np.ndarray | Sequence[np.ndarray], levels: int = 255
         ``(q, lo, hi)``: uint8 ``(N, H, L_q, L_k)`` codes and float32 ``(N, H)`` ranges.
 
     Raises:
-        ValueError: for other ranks, dtypes or shapes, an empty input, or ``levels`` outside
-            1..255.
+        ValueError: for other ranks, dtypes or shapes, an empty input, NaN or infinite
+            values, or ``levels`` outside 1..255.
     """
     if isinstance(levels, bool) or not isinstance(levels, int) or not 1 <= levels <= 255:
         raise ValueError(f"levels must be an int in 1..255, got {levels!r}")
@@ -243,6 +246,8 @@ def quantize_weights(x: np.ndarray | Sequence[np.ndarray], levels: int = 255
         src = np.ascontiguousarray(layer).reshape(rows, cols)  # (H, L_q * L_k)
         lo[n] = np.minimum(src.min(axis=1), 0.0)
         hi[n] = src.max(axis=1)
+        if not (np.isfinite(lo[n]).all() and np.isfinite(hi[n]).all()):  # min, max show them
+            raise ValueError(f"attentions holds NaN or infinite values (layer {n})")
         span = np.where(hi[n] > lo[n], hi[n] - lo[n], 1.0)  # (H,)
         lo_col = lo[n].reshape(rows, 1)
         factor_col = (levels / span).astype(np.float32).reshape(rows, 1)  # (H, 1)

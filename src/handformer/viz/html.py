@@ -86,7 +86,8 @@ def viewer_payload(attentions: object, tokens: Sequence[str], *, pattern: object
     Raises:
         ValueError, TypeError: for inputs that do not fit together (see the messages).
     """
-    x = as_attention_layers(attentions)  # (N, H, L_q, L_k), or N x (H, L_q, L_k) unstacked
+    # (N, H, L_q, L_k), or N x (H, L_q, L_k) unstacked; encode_weights refuses NaN / inf
+    x = as_attention_layers(attentions, check_finite=False)
     N, (H, L_q, L_k) = len(x), x[0].shape
     toks = check_tokens(tokens, L_q)
     keys = None if key_tokens is None else check_tokens(key_tokens, L_k, "key_tokens")
