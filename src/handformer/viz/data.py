@@ -236,21 +236,29 @@ def quantize_weights(x: np.ndarray | Sequence[np.ndarray], levels: int = 255
         raise ValueError(f"x must be float32 (N, H, L_q, L_k) weights or N arrays (H, L_q, "
                          f"L_k) of one shape, not empty; got {len(layers)} layer(s): {got}")
     N, (H, L_q, L_k) = len(layers), shape
-    rows, cols = H, L_q * L_k
-    codes = np.empty((N, rows, cols), dtype=np.uint8)
-    lo, hi = np.empty((N, H), dtype=np.float32), np.empty((N, H), dtype=np.float32)
+    cols = L_q * L_k
+    if N * H * cols <= _BLOCK:  # small: all heads in one group, stacking them costs nothing
+        groups = [np.stack(layers).reshape(N * H, cols)]  # (N * H, L_q * L_k)
+    else:  # one group per layer, never copied into one array
+        groups = [np.ascontiguousarray(y).reshape(H, cols) for y in layers]  # N x (H, ...)
+    codes = np.empty((N * H, cols), dtype=np.uint8)
+    lo, hi = np.empty(N * H, dtype=np.float32), np.empty(N * H, dtype=np.float32)
     col_step = min(cols, _BLOCK)
     row_step = max(1, _BLOCK // cols)
-    scratch = np.empty((min(rows, row_step), col_step), dtype=np.float32)
-    for n, layer in enumerate(layers):
-        src = np.ascontiguousarray(layer).reshape(rows, cols)  # (H, L_q * L_k)
-        lo[n] = np.minimum(src.min(axis=1), 0.0)
-        hi[n] = src.max(axis=1)
-        if not (np.isfinite(lo[n]).all() and np.isfinite(hi[n]).all()):  # min, max show them
-            raise ValueError(f"attentions holds NaN or infinite values (layer {n})")
-        span = np.where(hi[n] > lo[n], hi[n] - lo[n], 1.0)  # (H,)
-        lo_col = lo[n].reshape(rows, 1)
-        factor_col = (levels / span).astype(np.float32).reshape(rows, 1)  # (H, 1)
+    scratch = np.empty((min(len(groups[0]), row_step), col_step), dtype=np.float32)
+    first = 0  # the group's first head, counted over all layers
+    for src in groups:
+        rows = len(src)
+        g_lo, g_hi = lo[first:first + rows], hi[first:first + rows]  # views, (rows,)
+        np.minimum(src.min(axis=1), 0.0, out=g_lo)
+        src.max(axis=1, out=g_hi)
+        finite = np.isfinite(g_lo) & np.isfinite(g_hi)  # min and max show NaN and inf
+        if not finite.all():
+            layer = (first + int(np.argmin(finite))) // H
+            raise ValueError(f"attentions holds NaN or infinite values (layer {layer})")
+        span = np.where(g_hi > g_lo, g_hi - g_lo, 1.0)  # (rows,)
+        lo_col = g_lo.reshape(rows, 1)
+        factor_col = (levels / span).astype(np.float32).reshape(rows, 1)  # (rows, 1)
         for r in range(0, rows, row_step):
             r_end = min(r + row_step, rows)
             for c in range(0, cols, col_step):
@@ -259,8 +267,9 @@ def quantize_weights(x: np.ndarray | Sequence[np.ndarray], levels: int = 255
                 np.subtract(src[r:r_end, c:c_end], lo_col[r:r_end], out=block)
                 np.multiply(block, factor_col[r:r_end], out=block)
                 np.rint(block, out=block)  # round half to even
-                codes[n, r:r_end, c:c_end] = block
-    return codes.reshape(N, H, L_q, L_k), lo, hi
+                codes[first + r:first + r_end, c:c_end] = block
+        first += rows
+    return codes.reshape(N, H, L_q, L_k), lo.reshape(N, H), hi.reshape(N, H)
 
 
 def encode_weights(x: np.ndarray | Sequence[np.ndarray], *, max_bytes: int = MAX_BYTES,
