@@ -1,8 +1,10 @@
 """What each API call computes, as plain functions of a :class:`ModelState` and a checked request.
 
-They return JSON-ready dicts and never change shared state: the attention kind picks a model
-view (:meth:`ModelState.variant`), and head ablation is a hook context
-(:func:`handformer.inspect.hooks`) that lives for one forward pass in the calling thread only.
+They return JSON-ready dicts (``run`` and ``rollout`` with ``binary=True``: the viewer's
+weights as bytes, for :func:`handformer.serve.wire.binary_body`) and never change shared
+state: the attention kind picks a model view (:meth:`ModelState.variant`), and head ablation
+is a hook context (:func:`handformer.inspect.hooks`) that lives for one forward pass in the
+calling thread only.
 So concurrent requests with different settings each get their own answer. The app runs them
 in worker threads; tests call them directly as the reference.
 

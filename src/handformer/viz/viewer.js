@@ -1,5 +1,6 @@
 /* handformer attention viewer. Everything it shows comes from the JSON in #hf-data (or from
-   window.hfViewer.render(data) with the same JSON); it loads nothing from the network.
+   window.hfViewer.render(data) with the same JSON, where data.data may also be the weights
+   as a Uint8Array); it loads nothing from the network.
    Weights are 8-bit per value, each head scaled to [lo, hi]. */
 "use strict";
 (function () {
