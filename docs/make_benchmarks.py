@@ -409,7 +409,11 @@ def section_serve(data: dict) -> list[str]:
             f"- {rps['clients_8']:.1f} requests/s with 8 concurrent clients "
             f"({rps['clients_1']:.1f} with one).",
             f"- 512 tokens: {long['http_s']:.2f} s against {long['direct_s']:.2f} s direct, "
-            f"{long['ratio']:.2f}x (target <= 2x, {met[long['within_target']]}).",
+            f"{long['ratio']:.2f}x (target <= 2x, {met[long['within_target']]})"
+            + (f", with `?weights=binary` (the page's request: the 18.9 MB of 8-bit weights as "
+               f"raw bytes after a JSON header); the default JSON answer (weights as base64) "
+               f"takes {long['json_http_s']:.2f} s, {long['json_ratio']:.2f}x."
+               if long.get("format") == "binary" else "."),
             "", reproduce("bench_serve.py"), ""]
 
 

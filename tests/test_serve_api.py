@@ -7,8 +7,10 @@ their output-projection columns (no hooks), embeddings by ``handformer.embed``.
 
 from __future__ import annotations
 
+import base64
 import json
 import signal
+import struct
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +23,7 @@ import torch
 from handformer.attention.local import LocalAttention
 from handformer.attention.sparse import StridedAttention
 from handformer.pretrained import embed, load_bert
+from handformer.serve.wire import read_binary
 from serve_util import ROOT, SEED, Server, cosine, raw_request, viewer_weights, zero_heads
 
 PAIR = "A tired animal stayed on the pavement"
@@ -58,6 +61,7 @@ def test_banner_and_model_info(server, client):
     assert info["embed_tokens"] == 256  # sentence_bert_config.json's max_seq_length
     assert info["attention_kinds"] == ["full", "local", "strided", "linear"]
     assert info["default_attention"]["kind"] == "full"
+    assert info["weight_formats"] == ["json", "binary"]
 
 
 def test_run_matches_direct_call(client, bert):
@@ -75,6 +79,85 @@ def test_run_matches_direct_call(client, bert):
     got = viewer_weights(body["viewer"])
     assert got.shape == ref.shape
     assert np.abs(got - ref).max() <= 1.0 / 255  # 8-bit quantisation of [0, 1]
+
+
+def parse_binary(body: bytes) -> tuple[dict, bytes]:
+    """The ``?weights=binary`` format, read here from its description (not with serve.wire):
+    b"HFW1", a little-endian uint32 header length, the JSON header, then the 8-bit codes."""
+    magic, n = struct.unpack("<4sI", body[:8])
+    assert magic == b"HFW1"
+    return json.loads(body[8:8 + n].decode("utf-8")), body[8 + n:]
+
+
+def quantised(attentions) -> np.ndarray:
+    """The viewer's 8-bit codes of per-layer ``(1, H, L, L)`` weights, computed here the plain
+    way: per head, ``rint((x - lo) * (255 / (hi - lo)))`` in float32, ``lo = min(0, min)``."""
+    x = torch.stack([a[0] for a in attentions]).float().numpy()  # (N, H, L, L)
+    lo = np.minimum(x.min(axis=(2, 3), keepdims=True), np.float32(0))
+    hi = x.max(axis=(2, 3), keepdims=True)
+    span = np.where(hi > lo, hi - lo, np.float32(1))
+    return np.rint((x - lo) * (np.float32(255) / span)).astype(np.uint8)
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/api/run", {"text": SEED, "text_pair": PAIR}),
+    ("/api/run", {"text": SEED, "attention": "local", "window_size": 3, "heads": [[1, 2]]}),
+    ("/api/rollout", {"text": SEED, "heads": [[0, 0]]}),
+])
+def test_binary_weights_are_the_json_answer_without_base64(client, path, body):
+    plain = client.post(path, json=body).json()
+    r = client.post(path + "?weights=binary", json=body)
+    assert r.status_code == 200 and r.headers["content-type"] == "application/octet-stream"
+    assert int(r.headers["content-length"]) == len(r.content)
+    header, codes = parse_binary(r.content)
+    assert header["viewer"].pop("data") is None
+    assert header["viewer"].pop("data_bytes") == len(codes)
+    assert codes == base64.b64decode(plain["viewer"].pop("data"))  # the very same codes
+    assert header == plain  # every other field too: model, attention kind, tokens...
+    assert header["model"] == "all-MiniLM-L6-v2"
+    assert header["attention"]["kind"] == body.get("attention", "full")
+    assert read_binary(r.content)["viewer"]["data"].tobytes() == codes
+
+
+def test_binary_weights_match_the_direct_call_quantised(client, bert):
+    model, tokenizer = bert
+    long = " ".join([SEED] * 40)  # cut to 512 tokens: 18.9 MB of codes
+    header, codes = parse_binary(
+        client.post("/api/run?weights=binary", json={"text": long}).content)
+    assert len(header["tokens"]) == 512 and header["notices"]
+    with torch.inference_mode(), pytest.warns(UserWarning, match="truncated"):
+        ref = model(**tokenizer([long]), need_weights=True).attentions
+    want = quantised(ref)  # (6, 12, 512, 512)
+    got = np.frombuffer(codes, np.uint8).reshape(want.shape)
+    # the server's forward pass runs in another process and thread: allow a code to land on
+    # the other side of a rounding boundary, nothing more
+    assert np.abs(got.astype(np.int16) - want).max() <= 1
+    assert (got == want).mean() > 0.999
+    scale = np.asarray(header["viewer"]["scale"]).reshape(6, 12, 2)
+    x = torch.stack([a[0] for a in ref]).numpy()
+    assert np.allclose(scale[..., 1], x.max(axis=(2, 3)), atol=1e-6)
+
+
+@pytest.mark.parametrize("path, query, field, words", [
+    ("/api/run", "weights=base64", "weights", "one of json, binary"),
+    ("/api/rollout", "weights=", "weights", "one of json, binary"),
+    ("/api/run", "weights=binary&weights=json", "weights", "2 times"),
+    ("/api/run", "format=binary", "format", "unknown query parameter; the only one is weights"),
+    ("/api/ablate", "weights=binary", "weights", "/api/ablate takes none"),
+    ("/api/generate", "weights=json", "weights", "/api/generate takes none"),
+])
+def test_bad_query_parameters_are_422_naming_them(client, path, query, field, words):
+    r = client.post(f"{path}?{query}", json={"text": SEED})
+    assert r.status_code == 422, r.text
+    assert r.headers["content-type"] == "application/json"
+    body = r.json()
+    assert body["field"] == field and body["error"].startswith(field + ":")
+    assert words in body["error"] and "\n" not in body["error"]
+
+
+def test_binary_errors_are_json(client):
+    r = client.post("/api/run?weights=binary", json={"text": ""})
+    assert r.status_code == 422 and r.json()["field"] == "text"
 
 
 @pytest.mark.parametrize("kind, options, reference", [

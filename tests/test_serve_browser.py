@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import json
 
+import httpx
+import numpy as np
 import pytest
 
 from handformer.pretrained import embed, load_bert
+from handformer.serve.wire import read_binary
 from serve_util import Server, causal_folder, cosine, zero_heads
 from test_viewer_browser import canvas_hash, severe, wait_for
 
@@ -86,6 +89,15 @@ def test_type_submit_ablate_restore(driver, server):
     shown = driver.find_element(By.ID, "sv-similarity").text
     assert float(shown) == pytest.approx(cosine(e[0], e[1]), abs=1e-4)
     assert "all-MiniLM-L6-v2" in driver.find_element(By.ID, "sv-status").text
+    # the viewer drew the codes of the binary answer, handed over as a Uint8Array
+    drawn = driver.execute_script(
+        "const d = window.hfViewer.data.data; if (!(d instanceof Uint8Array)) return null;"
+        "let s = 0; for (let i = 0; i < d.length; i++) s += d[i]; return [d.length, s];")
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        sent = read_binary(c.post("/api/run?weights=binary",
+                                  json={"text": TEXT, "text_pair": PAIR}).content)
+    codes = sent["viewer"]["data"]
+    assert drawn == [codes.size, int(codes.sum(dtype=np.int64))]
 
     # click a head: ablated, the similarity shown changes to the ablated model's
     driver.find_element(By.CSS_SELECTOR, '#sv-grid button[data-l="0"][data-h="3"]').click()
@@ -126,9 +138,9 @@ def test_type_submit_ablate_restore(driver, server):
 
     assert severe(driver) == []
     urls = requested_urls(driver)
-    assert any(u.endswith("/api/rollout") for u in urls)
-    assert any(u.endswith("/api/run") for u in urls) and any(u.endswith("/api/ablate")
-                                                            for u in urls)
+    assert any(u.endswith("/api/rollout?weights=binary") for u in urls)
+    assert any(u.endswith("/api/run?weights=binary") for u in urls)
+    assert any(u.endswith("/api/ablate") for u in urls)
     assert all(u.startswith(server.url + "/") or u.startswith("data:") for u in urls), urls
 
 

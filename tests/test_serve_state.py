@@ -84,3 +84,23 @@ def test_uncompressed_viewer_data_holds_the_same_weights():
     q = np.frombuffer(base64.b64decode(plain["data"]), np.uint8).reshape(x.shape)
     hi = x.max(axis=(2, 3))[..., None, None]
     assert np.abs(q / 255 * hi - x).max() <= hi.max() / 510 + 1e-7
+
+
+def test_read_binary_refuses_other_bodies():
+    import json
+    import struct
+
+    import pytest
+
+    from handformer.serve.wire import read_binary
+
+    header = json.dumps({"viewer": {"layers": 1, "heads": 1, "tokens": ["a", "b"],
+                                    "key_tokens": None, "data_bytes": 4}}).encode()
+    good = struct.pack("<4sI", b"HFW1", len(header)) + header + bytes([0, 1, 2, 3])
+    assert read_binary(good)["viewer"]["data"].tolist() == [[[[0, 1], [2, 3]]]]
+    with pytest.raises(ValueError, match="not a handformer binary answer"):
+        read_binary(b'{"model": "x"}')
+    with pytest.raises(ValueError, match="cut short"):
+        read_binary(good[:20])
+    with pytest.raises(ValueError, match="holds 3 weight bytes; the header says 4"):
+        read_binary(good[:-1])

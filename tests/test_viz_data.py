@@ -1,6 +1,7 @@
 """handformer.viz.data: input forms, validation, quantisation and per-layer summaries."""
 
 import base64
+import re
 import zlib
 
 import numpy as np
@@ -10,7 +11,13 @@ import torch
 from handformer import Encoder, EncoderLayer
 from handformer.masks import window_mask
 from handformer.viz import as_attention_array, summarize
-from handformer.viz.data import as_pattern, check_tokens, encode_weights
+from handformer.viz.data import (
+    as_attention_layers,
+    as_pattern,
+    check_tokens,
+    encode_weights,
+    quantize_weights,
+)
 
 
 def _encoder_out(L=7, layers=3, heads=4, B=1):
@@ -181,3 +188,76 @@ def test_other_handformer_models():
                                         "self_attentions"):
         as_attention_array(dec)
     assert as_attention_array(dec.cross_attentions).shape == (1, 2, 3, 5)
+
+
+def _plain_codes(x: np.ndarray, levels: int) -> np.ndarray:
+    """Reference: whole-array float32 passes, per head ``rint((x - lo) * (levels / span))``."""
+    lo = np.minimum(x.min(axis=(2, 3), keepdims=True), np.float32(0))
+    hi = x.max(axis=(2, 3), keepdims=True)
+    span = np.where(hi > lo, hi - lo, np.float32(1))
+    return np.rint((x - lo) * (np.float32(levels) / span)).astype(np.uint8)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 9, 9), (1, 40, 7, 5), (2, 2, 600, 600)])
+@pytest.mark.parametrize("levels", [255, 63, 15])
+def test_quantize_weights_blocks_give_the_plain_codes(shape, levels):
+    # (2, 2, 600, 600): a head of 360 000 values is split into blocks; (1, 40, 7, 5): many
+    # small heads share a block
+    rng = np.random.default_rng(sum(shape) + levels)
+    x = (rng.standard_normal(shape) * rng.choice([1e-3, 1.0, 50.0], size=shape[:2] + (1, 1))
+         ).astype(np.float32)
+    x[0, 0] = 0.25  # a constant head
+    codes, lo, hi = quantize_weights(x, levels)
+    assert codes.dtype == np.uint8 and codes.shape == shape
+    assert np.array_equal(codes, _plain_codes(x, levels))
+    assert np.array_equal(lo, np.minimum(x.min(axis=(2, 3)), 0)) and np.array_equal(
+        hi, x.max(axis=(2, 3)))
+    layers = [x[n].copy() for n in range(shape[0])]  # per-layer input: the same codes
+    assert np.array_equal(quantize_weights(layers, levels)[0], codes)
+
+
+@pytest.mark.parametrize("bad, words", [
+    (np.zeros((2, 3, 4), np.float32), "float32 (N, H, L_q, L_k)"),
+    (np.zeros((1, 1, 4, 4), np.float64), "float32"),
+    ([np.zeros((2, 4, 4), np.float32), np.zeros((2, 4, 5), np.float32)], "one shape"),
+    (np.zeros((1, 1, 0, 4), np.float32), "not empty"),
+])
+def test_quantize_weights_refuses_bad_input(bad, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        quantize_weights(bad)
+    with pytest.raises(ValueError, match="levels must be an int in 1..255, got 256"):
+        quantize_weights(np.zeros((1, 1, 2, 2), np.float32), 256)
+
+
+def test_binary_encoding_holds_the_codes_as_bytes():
+    x = torch.softmax(torch.randn(2, 3, 300, 300) * 4, -1).numpy()
+    text, raw = encode_weights(x, compress=False), encode_weights(x, binary=True)
+    assert isinstance(raw["data"], memoryview) and raw["data"].readonly
+    assert raw["encoding"] == "raw" and raw["levels"] == 255 and raw["scale"] == text["scale"]
+    assert bytes(raw["data"]) == base64.b64decode(text["data"])
+    assert bytes(raw["data"]) == _plain_codes(x, 255).tobytes()
+
+
+def test_attention_layers_are_not_stacked_and_are_checked():
+    weights = [torch.softmax(torch.randn(1, 2, 5, 5), -1) for _ in range(3)]
+    layers = as_attention_layers(weights)
+    assert len(layers) == 3 and all(y.shape == (2, 5, 5) for y in layers)
+    assert all(np.shares_memory(y, w.numpy()) for y, w in zip(layers, weights, strict=True))
+    assert np.array_equal(as_attention_array(weights), np.stack(layers))
+    weights[2][0, 1, 3, 3] = float("nan")
+    with pytest.raises(ValueError, match=r"attentions holds NaN or infinite values \(layer 2\)"):
+        as_attention_layers(weights)
+    with pytest.raises(ValueError, match="attentions is empty"):
+        as_attention_layers([torch.zeros(2, 0, 5)])
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_viewer_data_refuses_nan_and_infinities(bad):
+    from handformer.viz.html import viewer_payload
+
+    weights = [torch.softmax(torch.randn(1, 2, 4, 4), -1) for _ in range(2)]
+    weights[1][0, 0, 2, 1] = bad  # checked once, by the quantiser
+    with pytest.raises(ValueError, match=r"attentions holds NaN or infinite values \(layer 1\)"):
+        viewer_payload(weights, list("abcd"))
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        quantize_weights(torch.stack(weights)[:, 0].numpy())

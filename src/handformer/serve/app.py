@@ -10,15 +10,17 @@ Routes::
     POST /api/rollout      attention rollout (viewer data)
     POST /api/generate     causal models: JSON lines, one per new token
 
-Every JSON answer names the model and the attention kind that produced it. Errors are JSON
-``{"error": "one line", "field": ...}`` with 413 (body over 64 KiB), 422 (bad JSON or field),
-400 (a path with ``..`` or encoded dots / slashes), 404, 405 or 501.
+``/api/run`` and ``/api/rollout`` take ``?weights=binary`` to receive the viewer's 8-bit
+weights as raw bytes after a JSON header (:mod:`handformer.serve.wire`) instead of base64
+inside the JSON; the page asks for that. Every answer names the model and the attention kind
+that produced it. Errors are JSON ``{"error": "one line", "field": ...}`` with 413 (body over
+64 KiB), 422 (bad JSON, field or query parameter), 400 (a path with ``..`` or encoded dots /
+slashes), 404, 405 or 501.
 """
 
 from __future__ import annotations
 
 import json
-import secrets
 import warnings
 
 from handformer.serve import compute
@@ -27,12 +29,15 @@ from handformer.serve.page import build_page, example_text, static_files
 from handformer.serve.state import ModelState
 from handformer.serve.validation import (
     MAX_BODY,
+    WEIGHT_FORMATS,
     BodyTooLarge,
     RequestError,
     parse_generate,
     parse_json,
     parse_run,
+    parse_weights_format,
 )
+from handformer.serve.wire import BINARY_TYPE, binary_body, json_body
 
 __all__ = ["create_app", "SecurityMiddleware", "require_starlette"]
 
@@ -101,21 +106,6 @@ class SecurityMiddleware:
         await self.app(scope, receive, send_with_headers)
 
 
-def json_body(result: dict[str, object]) -> bytes:
-    """``result`` as compact UTF-8 JSON. The viewer's base64 weights (megabytes at 512 tokens)
-    need no escaping, so they are spliced in as bytes instead of going through the encoder."""
-    viewer = result.get("viewer")
-    if not isinstance(viewer, dict) or not isinstance(viewer.get("data"), str):
-        return json.dumps(result, ensure_ascii=False, separators=(",", ":"),
-                          allow_nan=False).encode("utf-8")
-    mark = f"hf-weights-{secrets.token_hex(16)}"  # a fresh nonce: in no token or text
-    text = json.dumps(result | {"viewer": viewer | {"data": mark}}, ensure_ascii=False,
-                      separators=(",", ":"), allow_nan=False)
-    head, tail = text.split(json.dumps(mark), 1)
-    return b"".join([head.encode("utf-8"), b'"', viewer["data"].encode("ascii"), b'"',
-                     tail.encode("utf-8")])
-
-
 async def _read_body(request: object) -> bytes:
     """The body, refusing more than ``MAX_BODY`` bytes before reading them all."""
     length = request.headers.get("content-length")
@@ -156,7 +146,7 @@ def create_app(state: ModelState, *, allowed_hosts: set[str] | None = None) -> o
     example = example_text(state)
     page, csp = build_page(state, example)
     static = static_files()
-    info = state.info() | {"example": example}
+    info = state.info() | {"example": example, "weight_formats": list(WEIGHT_FORMATS)}
     # Model work runs in worker threads, at most COMPUTE_SLOTS at a time: torch already
     # spreads one forward over the cores, and more at once only makes them fight for them.
     slots = anyio.CapacityLimiter(COMPUTE_SLOTS)
@@ -181,14 +171,37 @@ def create_app(state: ModelState, *, allowed_hosts: set[str] | None = None) -> o
     async def model_info(request: object) -> Response:
         return JSONResponse(info)
 
-    def endpoint(compute_fn: object) -> object:
+    class TwoPartResponse(Response):
+        """A body sent as two chunks (the binary answer's header, then the weights as they
+        are, without joining them into one more copy)."""
+
+        def __init__(self, head: bytes, tail: memoryview) -> None:
+            self.parts = (head, tail)
+            super().__init__(None, media_type=BINARY_TYPE, headers={
+                "content-length": str(len(head) + tail.nbytes), "cache-control": "no-store"})
+
+        async def __call__(self, scope: dict, receive: object, send: object) -> None:
+            await send({"type": "http.response.start", "status": self.status_code,
+                        "headers": self.raw_headers})
+            await send({"type": "http.response.body", "body": self.parts[0], "more_body": True})
+            await send({"type": "http.response.body", "body": self.parts[1]})
+
+    def endpoint(path: str, compute_fn: object, *, weights: bool) -> object:
         async def handle(request: object) -> Response:
+            fmt = parse_weights_format(request.query_params.multi_items(), path,
+                                       accepts_weights=weights)
             req = parse_run(parse_json(await _read_body(request)), state)
+            if fmt == "binary":
+                head, tail = await in_thread(
+                    lambda: binary_body(compute_fn(state, req, binary=True)))
+                return TwoPartResponse(head, tail)
             body = await in_thread(lambda: json_body(compute_fn(state, req)))
             return Response(body, media_type="application/json")
         return handle
 
     async def generate(request: object) -> Response:
+        parse_weights_format(request.query_params.multi_items(), "/api/generate",
+                             accepts_weights=False)
         req = parse_generate(parse_json(await _read_body(request)), state)
         gen = await in_thread(Generation, state, req)
 
@@ -226,9 +239,11 @@ def create_app(state: ModelState, *, allowed_hosts: set[str] | None = None) -> o
         Route("/", index),
         Route("/static/{name}", static_file),
         Route("/api/model", model_info),
-        Route("/api/run", endpoint(compute.run), methods=["POST"]),
-        Route("/api/ablate", endpoint(compute.ablate), methods=["POST"]),
-        Route("/api/rollout", endpoint(compute.rollout), methods=["POST"]),
+        Route("/api/run", endpoint("/api/run", compute.run, weights=True), methods=["POST"]),
+        Route("/api/ablate", endpoint("/api/ablate", compute.ablate, weights=False),
+              methods=["POST"]),
+        Route("/api/rollout", endpoint("/api/rollout", compute.rollout, weights=True),
+              methods=["POST"]),
         Route("/api/generate", generate, methods=["POST"]),
     ]
     app = Starlette(routes=routes, exception_handlers={

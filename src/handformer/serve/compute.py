@@ -1,8 +1,10 @@
 """What each API call computes, as plain functions of a :class:`ModelState` and a checked request.
 
-They return JSON-ready dicts and never change shared state: the attention kind picks a model
-view (:meth:`ModelState.variant`), and head ablation is a hook context
-(:func:`handformer.inspect.hooks`) that lives for one forward pass in the calling thread only.
+They return JSON-ready dicts (``run`` and ``rollout`` with ``binary=True``: the viewer's
+weights as bytes, for :func:`handformer.serve.wire.binary_body`) and never change shared
+state: the attention kind picks a model view (:meth:`ModelState.variant`), and head ablation
+is a hook context (:func:`handformer.inspect.hooks`) that lives for one forward pass in the
+calling thread only.
 So concurrent requests with different settings each get their own answer. The app runs them
 in worker threads; tests call them directly as the reference.
 
@@ -143,8 +145,8 @@ def _header(state: ModelState, req: RunRequest) -> dict[str, object]:
             "attention": req.attention.as_dict(), "heads_ablated": [list(h) for h in req.heads]}
 
 
-def _viewer(state: ModelState, req: RunRequest, attentions: object,
-            tokens: list[str]) -> dict[str, object]:
+def _viewer(state: ModelState, req: RunRequest, attentions: object, tokens: list[str],
+            binary: bool) -> dict[str, object]:
     from handformer.viz.html import viewer_payload
 
     pattern, label = _pattern(state, req.attention, len(tokens))
@@ -152,14 +154,24 @@ def _viewer(state: ModelState, req: RunRequest, attentions: object,
     if req.heads:
         note += f" \u00b7 {len(req.heads)} head{'s' * (len(req.heads) != 1)} ablated"
     return viewer_payload(attentions, tokens, pattern=pattern, pattern_label=label,
-                          note=note, layer=state.num_layers - 1,
+                          note=note, layer=state.num_layers - 1, binary=binary,
                           compress=False)  # a local connection: raw is faster than deflate
 
 
-def run(state: ModelState, req: RunRequest) -> dict[str, object]:
+def run(state: ModelState, req: RunRequest, *, binary: bool = False) -> dict[str, object]:
     """``/api/run``: the attention of every head on ``req.text`` (viewer data), plus the pair's
     embedding similarity (encoders) or the next-token prediction (causal models), all with
     ``req.attention`` and with ``req.heads`` ablated.
+
+    Args:
+        state: the loaded model.
+        req: the checked request.
+        binary: leave the viewer's 8-bit weights as bytes (``viewer["data"]`` a memoryview,
+            for :func:`handformer.serve.wire.binary_body`) instead of base64 text.
+
+    Returns:
+        The answer: the model, the attention kind, tokens, notices, the viewer data, and
+        ``similarity`` (encoders) or ``next_token`` (causal models).
 
     Raises:
         RequestError: for text the tokenizer rejects.
@@ -183,7 +195,7 @@ def run(state: ModelState, req: RunRequest) -> dict[str, object]:
                 other = _embedding(state, model, req.text_pair, "text_pair", notices)
                 result["similarity"] = _cosine(emb, other)
     result["notices"] = notices
-    result["viewer"] = _viewer(state, req, attentions, enc.tokens)
+    result["viewer"] = _viewer(state, req, attentions, enc.tokens, binary)
     return result
 
 
@@ -226,11 +238,23 @@ def ablate(state: ModelState, req: RunRequest) -> dict[str, object]:
                      "ablated": value, "delta": value - clean}
 
 
-def rollout(state: ModelState, req: RunRequest) -> dict[str, object]:
+def rollout(state: ModelState, req: RunRequest, *, binary: bool = False
+            ) -> dict[str, object]:
     """``/api/rollout``: attention rollout through each layer, as viewer data (layer ``l``
     of the picture = rollout through layers ``0..l``; one "head" per layer): Abnar &
     Zuidema's heads averaged, ``0.5 A + 0.5 I``, multiplied through the layers
     (:func:`handformer.inspect.attention_rollout`).
+
+    Args:
+        state: the loaded model.
+        req: the checked request.
+        binary: leave the viewer's weights as bytes (see :func:`run`).
+
+    Returns:
+        The answer: the model, the attention kind, tokens, notices and the viewer data.
+
+    Raises:
+        RequestError: for text the tokenizer rejects.
     """
     from handformer.inspect import attention_rollout
     from handformer.viz.html import viewer_payload
@@ -246,5 +270,6 @@ def rollout(state: ModelState, req: RunRequest) -> dict[str, object]:
     result = _header(state, req) | {"tokens": enc.tokens,
                                     "notices": [enc.notice] if enc.notice else []}
     result["viewer"] = viewer_payload(stack, enc.tokens, note=note,
-                                      layer=state.num_layers - 1, compress=False)
+                                      layer=state.num_layers - 1, compress=False,
+                                      binary=binary)
     return result

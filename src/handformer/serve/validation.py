@@ -13,12 +13,15 @@ from dataclasses import dataclass
 
 from handformer.serve.state import KINDS, AttentionChoice, ModelState
 
-__all__ = ["MAX_BODY", "RequestError", "BodyTooLarge", "RunRequest", "GenerateRequest",
-           "parse_json", "parse_run", "parse_generate"]
+__all__ = ["MAX_BODY", "WEIGHT_FORMATS", "RequestError", "BodyTooLarge", "RunRequest",
+           "GenerateRequest", "parse_json", "parse_run", "parse_generate", "parse_weights_format"]
 
 MAX_BODY = 64 * 1024  # bytes in a request body
 MAX_OPTION = 4096  # largest window_size / stride / global_tokens accepted
 MAX_NEW_TOKENS = 512
+# How /api/run and /api/rollout send the viewer's 8-bit weights (the ``weights`` query
+# parameter): base64 inside the JSON, or raw bytes after a JSON header (see serve.wire).
+WEIGHT_FORMATS = ("json", "binary")
 
 _ATTENTION_FIELDS = ("attention", "window_size", "stride", "global_tokens")
 _RUN_FIELDS = {"text", "text_pair", "heads", *_ATTENTION_FIELDS}
@@ -219,3 +222,33 @@ def parse_generate(body: dict[str, object], state: ModelState) -> GenerateReques
         top_k=_int(body, "top_k", None, 1, 1 << 30),
         top_p=_float(body, "top_p", 0.0, 1.0),
         seed=_int(body, "seed", 0, 0, 2**63 - 1))
+
+
+def parse_weights_format(query: list[tuple[str, str]], path: str, *,
+                         accepts_weights: bool) -> str:
+    """Check the query string of a POST endpoint: only ``weights``, and only where the answer
+    holds attention weights.
+
+    Args:
+        query: the ``(name, value)`` pairs of the query string, in order.
+        path: the endpoint, for the message (e.g. ``"/api/ablate"``).
+        accepts_weights: whether the endpoint returns viewer weights (run, rollout).
+
+    Returns:
+        ``"json"`` (the default) or ``"binary"``.
+
+    Raises:
+        RequestError: naming the first unknown or repeated parameter, or a bad ``weights``.
+    """
+    names = [name for name, _ in query]
+    for name in names:
+        if name != "weights" or not accepts_weights:
+            valid = "the only one is weights" if accepts_weights else f"{path} takes none"
+            raise RequestError(name[:40] or "(empty)", f"unknown query parameter; {valid}")
+    if names.count("weights") > 1:
+        raise RequestError("weights", f"is given {names.count('weights')} times; give it once")
+    value = dict(query).get("weights", "json")
+    if value not in WEIGHT_FORMATS:
+        raise RequestError("weights", f"must be one of {', '.join(WEIGHT_FORMATS)}, got "
+                                      f"{json.dumps(value)[:40]}")
+    return value

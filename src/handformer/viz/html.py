@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from handformer.viz.data import as_attention_array, as_pattern, check_tokens, encode_weights
+from handformer.viz.data import as_attention_layers, as_pattern, check_tokens, encode_weights
 from handformer.viz.files import write_atomic
 
 __all__ = ["render_html", "save_html", "describe_pattern", "viewer_payload", "viewer_page"]
@@ -71,19 +71,24 @@ def viewer_payload(attentions: object, tokens: Sequence[str], *, pattern: object
                    note: str | None = None, layer: int = 0, head: int = 0,
                    view: str = "heat", cmap: str = "viridis",
                    rollout: dict[str, object] | None = None,
-                   compress: bool = True) -> dict[str, object]:
+                   compress: bool = True, binary: bool = False) -> dict[str, object]:
     """The data the viewer draws, as a JSON-ready dict (see :func:`save_html` for the
     arguments): what a page passes to ``window.hfViewer.render(data)``. ``compress=False``
     sends the 8-bit weights raw at any size (see :func:`~handformer.viz.data.encode_weights`).
+    ``binary=True`` leaves them as bytes: ``"data"`` is then a ``memoryview`` of the
+    ``N * H * L_q * L_k`` codes, for a transport that carries bytes beside the JSON (the
+    viewer's ``render()`` takes them as a ``Uint8Array``).
 
     Returns:
-        A dict of plain JSON values (tokens, sizes, 8-bit weights as base64, pattern bits).
+        A dict of plain JSON values (tokens, sizes, 8-bit weights as base64, pattern bits),
+        except ``"data"`` with ``binary=True``.
 
     Raises:
         ValueError, TypeError: for inputs that do not fit together (see the messages).
     """
-    x = as_attention_array(attentions)  # (N, H, L_q, L_k)
-    N, H, L_q, L_k = x.shape
+    # (N, H, L_q, L_k), or N x (H, L_q, L_k) unstacked; encode_weights refuses NaN / inf
+    x = as_attention_layers(attentions, check_finite=False)
+    N, (H, L_q, L_k) = len(x), x[0].shape
     toks = check_tokens(tokens, L_q)
     keys = None if key_tokens is None else check_tokens(key_tokens, L_k, "key_tokens")
     if keys is None and L_q != L_k:
@@ -99,7 +104,7 @@ def viewer_payload(attentions: object, tokens: Sequence[str], *, pattern: object
     payload: dict[str, object] = {
         "version": 1, "tokens": toks, "key_tokens": keys, "layers": N, "heads": H,
         "layer": layer, "head": head, "view": view, "note": note,
-        "colormap": _colormap_bytes(cmap), **encode_weights(x, compress=compress),
+        "colormap": _colormap_bytes(cmap), **encode_weights(x, compress=compress, binary=binary),
         "pattern": None,
         "rollout": rollout,  # handformer.viz.rollout_view.rollout_payload(), for rollout.js
     }

@@ -1,5 +1,6 @@
 /* handformer attention viewer. Everything it shows comes from the JSON in #hf-data (or from
-   window.hfViewer.render(data) with the same JSON); it loads nothing from the network.
+   window.hfViewer.render(data) with the same JSON, where data.data may also be the weights
+   as a Uint8Array); it loads nothing from the network.
    Weights are 8-bit per value, each head scaled to [lo, hi]. */
 "use strict";
 (function () {
@@ -29,8 +30,10 @@
     return out;
   }
 
+  // d.data: base64 text (the JSON of #hf-data), or the codes themselves as a Uint8Array
+  // (what `handformer serve` pages fetch with ?weights=binary).
   async function decode(d) {
-    const raw = bytes(d.data);
+    const raw = d.data instanceof Uint8Array ? d.data : bytes(d.data);
     if (d.encoding === "raw") return raw;
     if (typeof DecompressionStream === "undefined") {
       throw new Error("this browser cannot inflate the compressed weights " +

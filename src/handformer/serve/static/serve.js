@@ -30,11 +30,24 @@
 
   function who(r) { return r.model + " \u00b7 " + r.attention.description; }
 
-  async function post(path, body) {
-    const res = await fetch(path, {
+  // An answer of ?weights=binary: "HFW1", the JSON header's length (uint32, little-endian),
+  // the JSON header, then the viewer's 8-bit weights, which the viewer takes as a Uint8Array.
+  function unpack(buf) {
+    const magic = new Uint8Array(buf, 0, Math.min(4, buf.byteLength));
+    if (String.fromCharCode.apply(null, magic) !== "HFW1") throw new Error("unexpected answer format");
+    const n = new DataView(buf).getUint32(4, true);
+    const r = JSON.parse(new TextDecoder().decode(new Uint8Array(buf, 8, n)));
+    r.viewer.data = new Uint8Array(buf, 8 + n, r.viewer.data_bytes);
+    return r;
+  }
+
+  // POST a JSON body; binary: ask for the viewer's weights as bytes (/api/run, /api/rollout).
+  async function post(path, body, binary) {
+    const res = await fetch(binary ? path + "?weights=binary" : path, {
       method: "POST", headers: { "Content-Type": "application/json" },
       body: JSON.stringify(body),
     });
+    if (res.ok && binary) return unpack(await res.arrayBuffer());
     const data = await res.json().catch(function () { return { error: res.statusText }; });
     if (!res.ok) throw new Error(data.error || ("HTTP " + res.status));
     return data;
@@ -97,7 +110,7 @@
     const mine = ++seq;
     status("running\u2026");
     try {
-      const r = await post("/api/run", settings(false));
+      const r = await post("/api/run", settings(false), true);
       if (mine !== seq) return;
       lastRun = r;
       notices(r.notices);
@@ -116,7 +129,7 @@
   }
 
   async function showRollout(mine) {
-    const r = await post("/api/rollout", settings(true));
+    const r = await post("/api/rollout", settings(true), true);
     if (mine !== seq) return;
     await V.render(r.viewer);
   }
