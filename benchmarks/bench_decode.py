@@ -233,6 +233,29 @@ def bench_vs_transformers() -> dict[str, object]:
             "transformers": transformers.__version__}
 
 
+def bench_memory_regime() -> list[dict[str, float]]:
+    """How fast this machine streams float32 weights through matrix-vector products, by the
+    size of the working set: 1 MB matrices (1024 x 256, batch-1 input), looped over.
+
+    A step reads every weight once; while they fit in the caches they stream at cache speed,
+    past that at memory speed. Where that edge lies decides how much of a decoding step is
+    the weights' floor (the same for every library), so it is recorded beside the timings.
+    """
+    x = torch.randn(1, 256)
+    rows = []
+    for megabytes in ((2, 4) if QUICK else (4, 8, 16, 32)):
+        weights = [torch.randn(1024, 256) for _ in range(megabytes)]
+
+        def sweep(weights: list[torch.Tensor] = weights) -> None:
+            with torch.inference_mode():
+                for w in weights:
+                    torch.nn.functional.linear(x, w)
+
+        seconds = interleaved({"sweep": sweep}, repeats=5 if QUICK else 25, warmup=3)["sweep"]
+        rows.append({"megabytes": megabytes, "gb_per_s": megabytes * 1.048576e6 / seconds / 1e9})
+    return rows
+
+
 def main() -> None:
     # One thread: a single-token step is a chain of small ops that two threads cannot share
     # usefully, and on a CPU shared with other processes two threads stall at every barrier
@@ -241,6 +264,9 @@ def main() -> None:
     torch.manual_seed(0)
     load_start = os.getloadavg()[0]
     peer = bench_vs_transformers()
+    regime = bench_memory_regime()
+    print("weights streamed by matrix-vector products: " + ", ".join(
+        f"{r['megabytes']} MB at {r['gb_per_s']:.1f} GB/s" for r in regime), flush=True)
     lat = bench_context_latency()
     lat_ratio = lat[f"ctx{LONG}"] / lat[f"ctx{SHORT}"]
     print(f"per-token latency: ctx {SHORT} {lat[f'ctx{SHORT}'] * 1e3:.2f} ms, ctx {LONG} "
@@ -345,6 +371,15 @@ def main() -> None:
          if compiled
          else "`compile=True` was not measured (HANDFORMER_BENCH_COMPILE=0)."),
         "",
+        "How fast this machine streams float32 weights through matrix-vector products "
+        "(1 MB matrices looped over, one thread), by the size of the working set: while the "
+        f"weights fit in the caches they stream at cache speed; the model's "
+        f"{peer['weights_mb']:.1f} MB of weights may not.",
+        "",
+        "| working set | GB/s |",
+        "|---|---|",
+        *[f"| {r['megabytes']} MB | {r['gb_per_s']:.1f} |" for r in regime],
+        "",
         "Reproduce: `.venv/bin/python benchmarks/bench_decode.py` (or `make bench`).",
         "",
     ])
@@ -354,6 +389,7 @@ def main() -> None:
         "generate": {**gen, "tokens": GEN_TOKENS, "speedup": speedup, "target": 5.0},
         "long_contexts": rows, "linear_time_max_over_min": flat_time,
         "linear_memory_max_over_min": flat_mem, "vs_transformers": peer,
+        "memory_regime": regime,
         "load_average_start_end": [load_start, os.getloadavg()[0]],
     }, md)
 

@@ -335,6 +335,7 @@ def section_decode(data: dict) -> list[str]:
                 f"{r['full_ms']:.2f} | {r['full_cache_kib']:.0f} |" for r in rows]
         out.append("")
     out += _decode_vs_transformers(data.get("vs_transformers"))
+    out += _memory_regime(data.get("memory_regime"))
     return out + [reproduce("bench_decode.py"), ""]
 
 
@@ -377,6 +378,17 @@ def _decode_vs_transformers(peer: dict | None) -> list[str]:
         out += ["", "`compile=True`: the first call, which compiles (Inductor, cold cache), took "
                 + ", ".join(f"{v:.0f} s (context {k})" for k, v in first.items()) + "."]
     return out + [""]
+
+
+def _memory_regime(rows: list[dict] | None) -> list[str]:
+    """How fast the machine streamed weights by working-set size (absent in old results)."""
+    if not rows:
+        return []
+    return ["How fast this machine streamed float32 weights through matrix-vector products "
+            "(one thread), by working-set size: "
+            + ", ".join(f"{r['megabytes']} MB at {r['gb_per_s']:.1f} GB/s" for r in rows)
+            + ". Weights that do not fit in the caches stream at memory speed, which sets "
+            "the floor of a decoding step for every library.", ""]
 
 
 def section_viz(data: dict) -> list[str]:

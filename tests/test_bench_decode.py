@@ -29,3 +29,6 @@ def test_bench_decode_quick_mode_writes_results(tmp_path: Path) -> None:
     assert [r["context"] for r in peer] == [16, 64]
     assert all(r["identical_tokens"] and r["transformers_ms_per_token"] > 0 for r in peer)
     assert "vs transformers, context 64" in done.stdout
+    # the machine's weight-streaming speed by working-set size is recorded beside the timings
+    assert [r["megabytes"] for r in data["memory_regime"]] == [2, 4]
+    assert all(r["gb_per_s"] > 0 for r in data["memory_regime"])
