@@ -160,3 +160,20 @@ def test_a_subclass_that_overrides_run_keeps_its_own_step() -> None:
         cache = prefilled(model, ids, None, 6)
     assert model.plain_decode_step(cache) is None
     assert make().plain_decode_step(prefilled(make(), ids, None, 6)) is not None
+
+
+def test_a_global_module_hook_sends_every_step_through_the_modules() -> None:
+    model = make()
+    ids = torch.randint(0, V, (1, 4))
+    ff = model.layers[0].ff
+    calls = []
+    handle = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, out: calls.append(1) if module is ff else None)
+    try:
+        with torch.inference_mode():
+            assert "global" in plain_step_refusal(model, prefilled(model, ids, None, 4))
+        calls.clear()
+        model.generate(ids, max_new_tokens=3)
+    finally:
+        handle.remove()
+    assert len(calls) == 3  # the prompt, then 2 steps: all through the modules

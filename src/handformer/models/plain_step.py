@@ -89,7 +89,8 @@ def plain_step_refusal(model: nn.Module, cache: DecodingCache | None) -> str | N
         if rotary is not None and (type(rotary) is not RotaryEmbedding
                                    or rotary is not model.layers[0].self_attn.rotary):
             return f"layer {i} has its own rotary module"
-    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+    if (getattr(torch_module, "_global_forward_hooks", None)
+            or getattr(torch_module, "_global_forward_pre_hooks", None)):
         return "global PyTorch module hooks are registered"
     for name, module in model.named_modules():
         if module._forward_hooks or module._forward_pre_hooks:
