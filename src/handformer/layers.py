@@ -29,12 +29,14 @@ from handformer.norms import LayerNorm, RMSNorm
 if TYPE_CHECKING:
     from handformer.attention.cache import LayerCache
 
-__all__ = ["MultiHeadAttention", "FeedForward", "EncoderLayer", "Dropout", "ACTIVATIONS"]
+__all__ = ["MultiHeadAttention", "FeedForward", "GatedFeedForward", "EncoderLayer", "Dropout",
+           "ACTIVATIONS"]
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,  # exact erf form (BERT's "gelu")
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's "gelu_new"
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's "gelu_new", Gemma's
+    "silu": F.silu,  # x * sigmoid(x), Llama's SwiGLU gate
 }
 
 
@@ -356,6 +358,56 @@ class FeedForward(nn.Module):
         ``(B, L, d_ff)`` before and after the activation."""
         h = self.hook_pre(self.linear1(x))  # (B, L, d_ff)
         return self.linear2(self.dropout(self.hook_post(self.activation(h))))
+
+
+class GatedFeedForward(nn.Module):
+    """Gated feed-forward (GLU family): ``down(dropout(act(gate(x)) * up(x)))``.
+
+    SwiGLU (``activation="silu"``: Llama, Mistral, Qwen) and GeGLU (``"gelu_tanh"``: Gemma)
+    (Shazeer, "GLU Variants Improve Transformer", 2020): the activation of one projection
+    gates another, element by element.
+
+    Args:
+        d_model: model dim ``E``.
+        d_ff: hidden dim (``intermediate_size``).
+        activation: applied to the gate: ``"silu"``, ``"gelu_tanh"``, ``"gelu"`` or
+            ``"relu"``.
+        bias: biases on the three projections (the families above have none).
+        dropout: dropout on the gated hidden vector.
+
+    Submodules: ``gate_proj``, ``up_proj`` (``E -> d_ff``), ``down_proj`` (``d_ff -> E``).
+
+    Hook points, ``(B, L, d_ff)``, named as TransformerLens does: ``hook_pre`` the gate before
+    the activation, ``hook_pre_linear`` the ``up`` projection, ``hook_post``
+    ``act(gate) * up``.
+
+    Raises:
+        ValueError: for non-positive dims, an unknown activation or dropout outside [0, 1).
+    """
+
+    def __init__(self, d_model: int, d_ff: int, *, activation: str = "silu", bias: bool = False,
+                 dropout: float = 0.0) -> None:
+        super().__init__()
+        check_positive_int("d_model", d_model)
+        check_positive_int("d_ff", d_ff)
+        if activation not in ACTIVATIONS:
+            raise ValueError(
+                f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}"
+            )
+        self.activation_name = activation
+        self.activation = ACTIVATIONS[activation]
+        self.gate_proj = nn.Linear(d_model, d_ff, bias=bias)
+        self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
+        self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
+        self.dropout = Dropout(check_dropout("dropout", dropout))
+        self.hook_pre, self.hook_pre_linear = HookPoint(), HookPoint()
+        self.hook_post = HookPoint()
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(B, L, E)`` -> ``(B, L, E)``."""
+        gate = self.hook_pre(self.gate_proj(x))  # (B, L, d_ff)
+        up = self.hook_pre_linear(self.up_proj(x))  # (B, L, d_ff)
+        return self.down_proj(self.dropout(self.hook_post(self.activation(gate) * up)))
 
 
 class EncoderLayer(nn.Module):
