@@ -445,6 +445,34 @@ class WindowKVCache(LayerCache):
         return out
 
 
+    def push(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Add the keys and values of real new tokens, with no checks (a trusted caller).
+
+        What :class:`~handformer.models.plain_step.PlainDecodeStep` calls for each new token
+        of a sliding-window layer: the held window plus the new keys (every one of them
+        within the window of a single new query), then the window rolls on.
+
+        Args:
+            k: ``(B, H, L_new, D)`` keys of real tokens (no padding among them).
+            v: ``(B, H, L_new, D_v)`` their values.
+
+        Returns:
+            ``(keys, values, key_mask)``: ``(B, H, L_k, D)``, ``(B, H, L_k, D_v)`` and the
+            ``(B, 1, 1, L_k)`` bool key mask (None when no padding is held).
+        """
+        B, _, L_new, _ = k.shape
+        keep_all = (None if self._keep is None
+                    else _join_keep(self._keep, self.num_keys, None, B, L_new, k.device))
+        k_all = k if self._k is None else torch.cat([self._k, k], dim=2)  # (B, H, L_k, D)
+        v_all = v if self._v is None else torch.cat([self._v, v], dim=2)  # (B, H, L_k, D_v)
+        start = k_all.shape[2] - min(self.keep_last, k_all.shape[2])
+        # views of a window-sized tensor (no clone needed: it holds nothing more)
+        self._k, self._v = k_all[:, :, start:], v_all[:, :, start:]
+        self._keep = None if keep_all is None else keep_all[:, start:]
+        self.seen += L_new
+        return k_all, v_all, None if keep_all is None else keep_all[:, None, None, :]
+
+
 class LinearStateCache(LayerCache):
     """The running state of causal linear attention: constant size.
 
