@@ -557,3 +557,21 @@ def test_config_refusals_name_the_field(change: dict, message: str) -> None:
         hf.CausalLMConfig(**{**LLAMA, **change})
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_one_rotary_table_per_forward_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = make(**GEMMA)  # two tables: local layers' and global layers'
+    calls = []
+    original = RotaryEmbedding.cos_sin
+
+    def counting(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        calls.append(self.base)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(RotaryEmbedding, "cos_sin", counting)
+    ids = torch.randint(0, V, (1, 8))
+    first = model(ids).logits
+    assert sorted(calls) == [100.0, 10000.0]
+    calls.clear()
+    torch.testing.assert_close(model(ids[:, :5]).logits, first[:, :5], rtol=1e-5, atol=1e-5)
+    assert len(calls) == 2  # recomputed for the new positions, not reused from the last pass
