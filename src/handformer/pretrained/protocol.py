@@ -27,7 +27,8 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-__all__ = ["Tokenizer", "TokenizerMethods", "PADDING_SIDES", "as_text_batch", "pad_rows", "check_ids"]
+__all__ = ["Tokenizer", "TokenizerMethods", "PADDING_SIDES", "as_text_batch", "pad_rows",
+           "check_ids"]
 
 PADDING_SIDES = ("left", "right")
 
@@ -56,7 +57,8 @@ class Tokenizer(Protocol):
     @property
     def unk_token_id(self) -> int | None: ...
 
-    def __call__(self, texts: str | Sequence[str], padding: bool = True) -> dict[str, Tensor]:
+    def __call__(self, texts: str | Sequence[str], *, padding: bool = True
+                 ) -> dict[str, Tensor]:
         """Tokenize a batch: ``{"input_ids", "attention_mask"}``, each ``(B, L)`` int64, the
         mask 1 for real tokens and 0 for padding (on ``padding_side``). Encoders may add more
         entries (BERT: ``token_type_ids``). ``padding=False`` refuses texts of different
@@ -99,7 +101,7 @@ class TokenizerMethods:
 
     padding_side: str = "left"
 
-    def __call__(self, texts: str | Sequence[str], padding: bool = True
+    def __call__(self, texts: str | Sequence[str], *, padding: bool = True
                  ) -> dict[str, Tensor]:
         """Tokenize and pad a batch (see :meth:`Tokenizer.__call__`).
 

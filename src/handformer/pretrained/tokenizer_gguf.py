@@ -313,27 +313,29 @@ def sentencepiece_merges(tokens: Sequence[str], ids: Mapping[str, int],
                          ranks: Sequence[float]) -> list[tuple[str, str]]:
     """The BPE merges a SentencePiece vocabulary implies, best first.
 
-    Every way of cutting a piece in two halves that are both pieces is a merge; merges rank by
+    Every way of cutting a piece in two halves that are both pieces is a merge. Merges rank by
     the ``ranks`` value of the piece they make (higher first), then by the longer left half,
-    then the longer right half; remaining ties keep file order (the left half's id, then the
-    right half's, within one piece).
+    then the longer right half; remaining ties (pieces of equal rank) keep file order. A piece
+    listed twice counts once, at its first place, with the rank of its last (the id the
+    vocabulary keeps).
     """
-    found = []  # (rank, len(left), len(right), left, right)
+    pieces: list[tuple[float, list[tuple[str, str]]]] = []  # (rank, its merges)
     seen: set[str] = set()
-    for piece, rank in zip(tokens, ranks, strict=True):
-        if piece in seen:  # a repeated piece is one entry (its first place, its last rank)
+    for piece in tokens:
+        if len(piece) < 2 or piece in seen:
             continue
         seen.add(piece)
-        if len(piece) < 2:
-            continue
-        local = [(piece[:k], piece[k:]) for k in range(1, len(piece))
-                 if piece[:k] in ids and piece[k:] in ids]
-        if len(local) > 1:
-            local.sort(key=lambda lr: (ids[lr[0]], ids[lr[1]]))
-        rank = ranks[ids[piece]]
-        found.extend((rank, len(left), len(right), left, right) for left, right in local)
-    found.sort(key=lambda m: (m[0], m[1], m[2]), reverse=True)  # stable: ties keep file order
-    return [(m[3], m[4]) for m in found]
+        found = [(left, right) for k in range(len(piece) - 1, 0, -1)  # longest left first
+                 if (left := piece[:k]) in ids and (right := piece[k:]) in ids]
+        if found:
+            pieces.append((ranks[ids[piece]], found))
+    if all(a[0] > b[0] for a, b in zip(pieces, pieces[1:], strict=False)):
+        # Ranks fall along the file (Gemma, Llama): already in order, no sort needed.
+        return [m for _, found in pieces for m in found]
+    flat = [(rank, len(left), len(right), left, right) for rank, found in pieces
+            for left, right in found]
+    flat.sort(key=lambda m: m[:3], reverse=True)  # stable: ties keep file order
+    return [(m[3], m[4]) for m in flat]
 
 
 def _vocab_dict(tokens: Sequence[str]) -> dict[str, int]:
