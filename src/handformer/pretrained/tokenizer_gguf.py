@@ -299,12 +299,15 @@ def _sentencepiece(vocab: GGUFVocab) -> tuple[Tokenizer, list[str]]:
     tokenizer = Tokenizer(models.BPE(ids, merges, unk_token=unk, fuse_unk=True,
                                      byte_fallback=True, dropout=None))
     steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    replace = normalizers.Replace(" ", SPACE)
     if vocab.add_space_prefix:
-        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
-            replacement=SPACE, prepend_scheme="first", split=False)
+        # llama.cpp puts a space before the text and after every special or user-defined
+        # token, whether or not the text already starts with one; the normalizer runs on each
+        # stretch of text between such tokens, so Prepend does exactly that.
+        tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend(SPACE), replace])
         steps.append(decoders.Strip(content=" ", left=1, right=0))
     else:
-        tokenizer.normalizer = normalizers.Replace(" ", SPACE)
+        tokenizer.normalizer = replace
     tokenizer.decoder = decoders.Sequence(steps)
     return tokenizer, spelled
 
