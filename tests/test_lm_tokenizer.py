@@ -103,15 +103,22 @@ def test_gemma_merges_and_added_tokens_equal_transformers(gemma) -> None:
             == [(t["id"], t["content"], t["special"]) for t in ref["added_tokens"]])
 
 
-def test_gemma_needs_its_conventions(gemma) -> None:
-    """Without Gemma's rules (runs of spaces respelled as ``▁``, merge order = file order),
-    the same metadata read as a plain SentencePiece file tokenizes whitespace differently."""
+def test_gemma_user_defined_tokens_matter(gemma) -> None:
+    """Gemma's USER_DEFINED tokens (runs of newlines, tabs, spaces; HTML tags) are matched
+    whole. Read as a plain SentencePiece file (space runs left as real spaces and matched
+    whole, as llama.cpp does, merges ranked by the file's scores) the ids are the same; with
+    the token types dropped (every token NORMAL) they are not."""
     ours, theirs, meta = gemma
-    meta = meta | {"general.architecture": "llama", "tokenizer.ggml.add_space_prefix": False}
-    plain = LMTokenizer.from_gguf_metadata(meta, source="gemma as llama")
-    text = "def f(x):\n    return x  # two\n"
+    plain = LMTokenizer.from_gguf_metadata(
+        meta | {"general.architecture": "llama", "tokenizer.ggml.add_space_prefix": False},
+        source="gemma as a plain SentencePiece file")
+    for text in TEXTS:
+        assert plain.encode(text) == ours.encode(text), text
+    untyped = LMTokenizer.from_gguf_metadata(
+        {k: v for k, v in meta.items() if k != "tokenizer.ggml.token_type"}, source="untyped")
+    text = "x\n\n\n<table>  y"
     assert ours.encode(text) == theirs(text)["input_ids"]
-    assert plain.encode(text) != ours.encode(text)
+    assert untyped.encode(text) != ours.encode(text)
 
 
 def test_smollm_splits_digits_as_the_file_says(smol) -> None:
