@@ -7,10 +7,10 @@ import warnings
 
 import jinja2.sandbox
 import pytest
-from tokenizer_util import as_metadata, gguf_metadata, smollm2_path, spm_fields
 
 from handformer.pretrained.chat_template import check_messages, render_chat_template
 from handformer.pretrained.lm_tokenizer import LMTokenizer
+from tokenizer_util import as_metadata, gguf_metadata, smollm2_path, spm_fields
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is the capital of France?"}],

@@ -16,6 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from handformer.pretrained.lm_tokenizer import LMTokenizer
+from handformer.pretrained.tokenizer_gguf import byte_alphabet
+from handformer.weights import CheckpointError
 from tokenizer_util import (
     TEXTS,
     as_metadata,
@@ -25,10 +29,6 @@ from tokenizer_util import (
     spm_fields,
     write_tokenizer_gguf,
 )
-
-from handformer.pretrained.lm_tokenizer import LMTokenizer
-from handformer.pretrained.tokenizer_gguf import byte_alphabet
-from handformer.weights import CheckpointError
 
 transformers = pytest.importorskip("transformers")
 
@@ -289,7 +289,8 @@ def test_malformed_metadata_is_refused() -> None:
     good = as_metadata("llama", "llama", spm_fields())
     cases = [
         ({"tokenizer.ggml.model": None}, "tokenizer.ggml.model is missing"),
-        ({"tokenizer.ggml.model": "bert"}, "tokenizer.ggml.model is 'bert'; supported: gpt2, llama"),
+        ({"tokenizer.ggml.model": "bert"},
+         "tokenizer.ggml.model is 'bert'; supported: gpt2, llama"),
         ({"tokenizer.ggml.tokens": "abc"}, "tokenizer.ggml.tokens must be a non-empty array"),
         ({"tokenizer.ggml.tokens": ["a", 3]}, "tokenizer.ggml.tokens[1] must be a string"),
         ({"tokenizer.ggml.scores": [0.0]}, "tokenizer.ggml.scores has 1 entries but"),

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizer_util import as_metadata, gguf_metadata, smollm2_path, spm_fields
 
 from handformer.pretrained import BertTokenizer, TextTokenizer
 from handformer.pretrained.lm_tokenizer import LMTokenizer
 from handformer.pretrained.protocol import Tokenizer, pad_rows
 from handformer.pretrained.tokenizer_gguf import byte_alphabet
 from handformer.train import CharVocab
+from tokenizer_util import as_metadata, gguf_metadata, smollm2_path, spm_fields
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "handformer"
 SHORT, LONG = "the cat", "the cat sat on the mat and ran"

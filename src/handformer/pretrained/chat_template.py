@@ -168,9 +168,9 @@ def _environment() -> object:
             for seq, times in ((left, right), (right, left)):
                 if isinstance(seq, (str, list, tuple)) and isinstance(times, int) \
                         and len(seq) * times > MAX_REPEAT:
-                    raise SecurityError(f"repeating a {type(seq).__name__} of {len(seq)} "
-                                        f"{times} times is above the sandbox's limit of "
-                                        f"{MAX_REPEAT} items")
+                    raise SecurityError(f"a {type(seq).__name__} of length {len(seq)} "
+                                        f"repeated {times} times is above the sandbox's "
+                                        f"limit of {MAX_REPEAT} items")
             return operator.mul(left, right)
 
     env = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
