@@ -184,10 +184,18 @@ def test_spm_space_prefix_follows_llama_cpp(spm_file: Path) -> None:
 
 
 def test_spm_flags_from_the_file(tmp_path: Path) -> None:
+    """add_bos / add_eos / add_space_prefix as the file says; transformers prefixes a space
+    to a non-Gemma SentencePiece file whatever its add_space_prefix."""
     fields = spm_fields() | {"add_bos": False, "add_eos": True, "add_space_prefix": False}
     tok = LMTokenizer.from_gguf_metadata(as_metadata("llama", "llama", fields), source="x")
     assert tok.tokens("the cat") == ["t", "he", "▁cat", "</s>"]
     assert tok.decode(tok.encode("the cat", add_special_tokens=False)) == "the cat"
+    path = write_tokenizer_gguf(tmp_path / "np.gguf", arch="llama", model="llama",
+                                **(spm_fields() | {"add_space_prefix": False}))
+    theirs = hf_gguf_tokenizer(path)
+    assert theirs.convert_ids_to_tokens(theirs("the cat")["input_ids"]) == ["<s>", "▁the", "▁cat"]
+    ours = LMTokenizer.from_gguf_metadata(gguf_metadata(path), source=path)
+    assert ours.tokens("the cat") == ["<s>", "t", "he", "▁cat"]
 
 
 def byte_level_fields(pre: str) -> dict[str, object]:
