@@ -316,6 +316,20 @@ def test_malformed_metadata_is_refused() -> None:
             LMTokenizer.from_gguf_metadata(meta, source="f.gguf")
 
 
+def test_numpy_metadata_is_read_like_lists() -> None:
+    """A GGUF reader may hand over numpy arrays and scalars; they read as lists and ints."""
+    import numpy as np
+
+    meta = as_metadata("llama", "llama", spm_fields())
+    arrays = {k: (np.asarray(v) if k.endswith(("scores", "token_type")) else
+                  np.uint32(v) if k.endswith("_id") else v) for k, v in meta.items()}
+    arrays["tokenizer.ggml.add_bos_token"] = np.bool_(True)
+    plain = LMTokenizer.from_gguf_metadata(meta, source="lists")
+    numpy = LMTokenizer.from_gguf_metadata(arrays, source="arrays")
+    assert numpy.encode("the world 猫") == plain.encode("the world 猫")
+    assert (numpy.bos_token_id, numpy.eos_token_ids) == (1, [2])
+
+
 def test_malformed_merges_are_refused() -> None:
     fields = byte_level_fields("default")
     for merges, message in ((["Ġt"], "merges[0] must be two tokens separated by one space"),

@@ -74,11 +74,15 @@ class GGUFVocab:
 
     def __init__(self, metadata: Mapping[str, object], source: str) -> None:
         self.source = source
-        get = metadata.get
+
+        def get(key: str, default: object = None) -> object:
+            return _scalar(metadata.get(key, default))
+
         model = get("tokenizer.ggml.model")
         if model is None:
             raise CheckpointError(f"{source}: tokenizer.ggml.model is missing; the file holds "
                                   "no tokenizer (load it with tokenizer=False)")
+        model = self._string(model, "tokenizer.ggml.model")
         if model not in MODELS:
             raise CheckpointError(f"{source}: tokenizer.ggml.model is {model!r}; supported: "
                                   f"{', '.join(MODELS)}")
@@ -160,6 +164,7 @@ class GGUFVocab:
         if len(items) != n:
             raise CheckpointError(f"{self.source}: {key} has {len(items)} entries but "
                                   f"tokenizer.ggml.tokens has {n}")
+        items = [_scalar(x) for x in items]
         bad = next((i for i, x in enumerate(items)
                     if isinstance(x, bool) or not isinstance(x, (int, float))
                     or (kind is int and x != int(x))), None)
@@ -203,13 +208,19 @@ class GGUFVocab:
 
 
 def _as_list(value: object) -> list | None:
-    """A list from a list, tuple or numpy array (None for anything else)."""
-    if isinstance(value, (list, tuple)):
+    """A list from a sequence or a 1-D numpy array (None for anything else, strings too)."""
+    if hasattr(value, "ndim") and callable(getattr(value, "tolist", None)):
+        return value.tolist() if value.ndim == 1 else None
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
         return list(value)
-    tolist = getattr(value, "tolist", None)
-    if callable(tolist) and hasattr(value, "ndim") and value.ndim == 1:
-        return tolist()
     return None
+
+
+def _scalar(value: object) -> object:
+    """A numpy scalar (or 0-d array) as the Python value; anything else unchanged."""
+    if hasattr(value, "ndim") and value.ndim == 0 and callable(getattr(value, "item", None)):
+        return value.item()
+    return value
 
 
 def read_gguf_vocab(metadata: Mapping[str, object], *, source: str) -> GGUFVocab:
