@@ -56,7 +56,8 @@ def read_folder(folder: Path) -> dict[str, object]:
     want_eos = config.get("add_eos_token", adds_eos)
     add_bos = add_eos = False
     if (bool(want_bos), bool(want_eos)) != (adds_bos, adds_eos):
-        # tokenizer_config.json says otherwise: it wins (as in transformers); BOS / EOS are
+        # tokenizer_config.json says otherwise: it wins (as transformers' Llama tokenizer
+        # classes rebuild their post-processor from the flags); BOS / EOS are
         # then added by LMTokenizer and the post-processor is dropped.
         tokenizer.post_processor = None
         add_bos = bool(want_bos) and ids["bos_token"] is not None

@@ -88,7 +88,9 @@ class GGUFVocab:
                                   f"{', '.join(MODELS)}")
         self.model = str(model)
         self.pre = self._string(get("tokenizer.ggml.pre", "default"), "tokenizer.ggml.pre")
-        self.architecture = str(get("general.architecture") or "")
+        architecture = get("general.architecture")
+        self.architecture = ("" if architecture is None
+                             else self._string(architecture, "general.architecture"))
         self.tokens = self._strings(get("tokenizer.ggml.tokens"), "tokenizer.ggml.tokens")
         V = len(self.tokens)
         types = get("tokenizer.ggml.token_type")
@@ -114,10 +116,11 @@ class GGUFVocab:
         self.add_space_prefix = self._flag(
             get, "tokenizer.ggml.add_space_prefix",
             self.model == "llama" and self.architecture not in GEMMA_ARCHITECTURES)
-        for flag, token_id in (("add_bos_token", self.bos_id), ("add_eos_token", self.eos_id)):
-            if getattr(self, flag.replace("_token", "")) and token_id is None:
-                raise CheckpointError(f"{source}: tokenizer.ggml.{flag} is true but the file has "
-                                      f"no tokenizer.ggml.{flag[4:7]}_token_id")
+        for flag, wanted, token_id in (("bos", self.add_bos, self.bos_id),
+                                       ("eos", self.add_eos, self.eos_id)):
+            if wanted and token_id is None:
+                raise CheckpointError(f"{source}: tokenizer.ggml.add_{flag}_token is true but the "
+                                      f"file has no tokenizer.ggml.{flag}_token_id")
         template = get("tokenizer.chat_template")
         self.chat_template = (None if template is None
                               else self._string(template, "tokenizer.chat_template"))
