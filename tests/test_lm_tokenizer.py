@@ -365,3 +365,22 @@ def _escape(text: str) -> str:
     import re
 
     return re.escape(text)
+
+
+def test_recovered_merges_equal_transformers_with_tied_scores() -> None:
+    """The merge order with equal scores (the sorting path; Gemma's ranks are all distinct
+    and need none): transformers' generate_merges as the reference, on random vocabularies."""
+    import random
+
+    from transformers.tokenization_utils_base import generate_merges
+
+    from handformer.pretrained.tokenizer_gguf import sentencepiece_merges
+
+    rng = random.Random(0)
+    for _ in range(20):
+        pieces = list(dict.fromkeys("".join(rng.choice("abc▁") for _ in range(rng.randint(1, 5)))
+                                    for _ in range(60)))
+        scores = [float(rng.randint(-4, 0)) for _ in pieces]  # many ties
+        ids = {p: i for i, p in enumerate(pieces)}
+        want = generate_merges(ids, dict(zip(pieces, scores, strict=True)))
+        assert sentencepiece_merges(pieces, ids, scores) == want
