@@ -25,8 +25,10 @@ import handformer as hf
 from handformer import inspect, masks
 from handformer.cli import main
 from handformer.pretrained import CheckpointError, load_bert
+from handformer.pretrained.chat_template import render_chat_template
 from handformer.pretrained.gpt2 import load_gpt2
-from handformer.train import TrainConfig, train
+from handformer.pretrained.lm_tokenizer import LMTokenizer
+from handformer.train import CharVocab, TrainConfig, train
 from handformer.train.checkpoint import load_checkpoint, save_checkpoint
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
@@ -156,6 +158,18 @@ def namespace(tmp: Path) -> dict[str, object]:
         """A tiny two-layer encoder (E=8, 2 heads)."""
         return hf.Encoder(hf.EncoderLayer(8, 2, 16, dropout=0.0), 2).eval()
 
+    def spm_meta(**changes: object) -> dict[str, object]:
+        """Metadata of a tiny SentencePiece GGUF tokenizer (297 tokens, tests/tokenizer_util);
+        ``name=value`` sets ``tokenizer.ggml.name`` (None removes it)."""
+        from tokenizer_util import as_metadata, spm_fields
+
+        meta = as_metadata("llama", "llama", spm_fields())
+        for name, value in changes.items():
+            meta.pop(f"tokenizer.ggml.{name}", None)
+            if value is not None:
+                meta[f"tokenizer.ggml.{name}"] = value
+        return meta
+
     existing_run = tmp / "existing-run"
     existing_run.mkdir()
     (existing_run / "train.json").write_text("{}")
@@ -164,7 +178,8 @@ def namespace(tmp: Path) -> dict[str, object]:
             "load_bert": load_bert, "load_gpt2": load_gpt2, "TrainConfig": TrainConfig,
             "train": train, "load_checkpoint": load_checkpoint, "checkpoint": checkpoint,
             "cli": cli, "tmp": tmp, "existing_run": existing_run, "json": json,
-            "inspect": inspect, "enc": enc}
+            "inspect": inspect, "enc": enc, "spm_meta": spm_meta, "LMTokenizer": LMTokenizer,
+            "render_chat_template": render_chat_template, "CharVocab": CharVocab}
 
 
 EXCEPTIONS = {"ValueError": ValueError, "TypeError": TypeError,

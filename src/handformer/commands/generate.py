@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     max_len = model.config.max_len
     n, cut = new_token_count(args.max_new_tokens, len(ids), max_len)
     do_sample = any(v is not None for v in (args.temperature, args.top_k, args.top_p))
-    eos = getattr(tokenizer, "eos_token_id", None)
+    eos = tokenizer.eos_token_id
     stream = _TextStream(tokenizer, args.prompt, eos, sys.stdout)
     model.generate(
         torch.tensor([ids], device=device), max_new_tokens=n, do_sample=do_sample,

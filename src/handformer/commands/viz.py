@@ -176,7 +176,7 @@ def _run_bert(args: argparse.Namespace, text: str, device: object) -> _Run:
     _check_limits(args, model.config.num_hidden_layers, model.config.num_attention_heads)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        encodings = tokenizer.encode([text])  # truncated to the model's limit, with a warning
+        encodings = tokenizer.encode_batch([text])  # truncated to the model's limit, with a warning
     batch = {k: v.to(device) for k, v in tokenizer.pad(encodings).items()}  # (1, L) tensors
     tokens = encodings[0].tokens
     if any("truncated" in str(w.message) for w in caught):

@@ -11,7 +11,9 @@ from handformer.pretrained.bert import BertConfig, BertModel, BertOutput, bert_k
 from handformer.pretrained.checkpoints import bundled_model_dir, load_bert
 from handformer.pretrained.embed import embed
 from handformer.pretrained.gpt2 import load_gpt2
+from handformer.pretrained.lm_tokenizer import LMTokenizer
 from handformer.pretrained.pooling import SentencePooling
+from handformer.pretrained.protocol import Tokenizer
 from handformer.pretrained.text_tokenizer import TextTokenizer
 from handformer.pretrained.tokenizer import BertTokenizer
 from handformer.weights import CheckpointError, LoadReport, load_safetensors
@@ -22,9 +24,11 @@ __all__ = [
     "BertOutput",
     "BertTokenizer",
     "CheckpointError",
+    "LMTokenizer",
     "LoadReport",
     "SentencePooling",
     "TextTokenizer",
+    "Tokenizer",
     "bert_key_map",
     "bundled_model_dir",
     "embed",
