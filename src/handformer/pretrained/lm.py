@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
 import json
 import os
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from types import ModuleType
 
 import torch
 from torch import Tensor, nn
@@ -364,12 +366,17 @@ def _file_shapes(family: Family, config: object, canonical: Mapping[str, object]
 # ---- finding the source ------------------------------------------------------------------
 
 
+def _sibling(name: str) -> ModuleType:
+    """``handformer.pretrained.<name>``, imported when first needed (the GGUF package and the
+    LLM tokenizer are optional at run time and import heavier libraries)."""
+    return importlib.import_module(f"handformer.pretrained.{name}")
+
+
 def _shipped() -> dict[str, object]:
     try:
-        from handformer.pretrained.gguf.shipped import SHIPPED
+        return dict(_sibling("gguf.shipped").SHIPPED)
     except ImportError:
         return {}
-    return dict(SHIPPED)
 
 
 def _not_found(source: object) -> FileNotFoundError:
@@ -397,9 +404,7 @@ def resolve_source(source: str | os.PathLike) -> Path:
     if path.exists():
         return path
     if isinstance(source, str) and source in _shipped():
-        from handformer.pretrained.gguf.shipped import shipped_path
-
-        return Path(shipped_path(source))
+        return Path(_sibling("gguf.shipped").shipped_path(source))
     raise _not_found(source)
 
 
@@ -538,27 +543,24 @@ def folder_tokenizer(folder: Path, data: Mapping[str, object]) -> object | None:
     model_type = data.get("model_type")
     if model_type not in ("gpt2", HANDFORMER_TYPE) and (folder / "tokenizer.json").is_file():
         try:
-            from handformer.pretrained.lm_tokenizer import LMTokenizer
+            lm_tokenizer = _sibling("lm_tokenizer")
         except ImportError:  # before the tokenizer module lands: the plain one
             pass
         else:
-            return LMTokenizer.from_folder(folder)
+            return lm_tokenizer.LMTokenizer.from_folder(folder)
     return TextTokenizer.from_dir(folder, eos_token_id=_eos_token_id(folder, data))
 
 
 def _load_gguf(path: Path, *, dtype: torch.dtype, device: object, attention: object,
                tokenizer: bool) -> tuple[CausalLM, object | None]:
     """A ``.gguf`` file through :mod:`handformer.pretrained.gguf`."""
-    from handformer.pretrained.gguf.convert import gguf_to_hf
-    from handformer.pretrained.gguf.reader import read_gguf
-
-    file = read_gguf(path)
-    hf_config, state = gguf_to_hf(file, dtype=dtype)
+    file = _sibling("gguf.reader").read_gguf(path)
+    hf_config, state = _sibling("gguf.convert").gguf_to_hf(file, dtype=dtype)
     model = build_causal_lm(hf_config, state, source=str(path), dtype=dtype, device=device,
                             attention=attention)
     del state
     if not tokenizer:
         return model, None
-    from handformer.pretrained.lm_tokenizer import LMTokenizer
-
-    return model, LMTokenizer.from_gguf_metadata(file.metadata, source=str(path))
+    tok = _sibling("lm_tokenizer").LMTokenizer.from_gguf_metadata(file.metadata,
+                                                                  source=str(path))
+    return model, tok
