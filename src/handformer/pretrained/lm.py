@@ -50,7 +50,9 @@ from handformer.weights import (
     read_safetensors_header,
 )
 
-__all__ = ["load_lm", "build_causal_lm", "SafetensorsState", "open_weights", "INDEX_NAME"]
+__all__ = ["load_lm", "build_causal_lm", "SafetensorsState", "open_weights", "INDEX_NAME",
+           "is_causal_source", "resolve_source", "shipped_names", "folder_tokenizer",
+           "swap_attention"]
 
 INDEX_NAME = "model.safetensors.index.json"
 DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
@@ -377,6 +379,11 @@ def _shipped() -> dict[str, object]:
         return dict(_sibling("gguf.shipped").SHIPPED)
     except ImportError:
         return {}
+
+
+def shipped_names() -> list[str]:
+    """The shipped models' names (empty when the GGUF package is not there)."""
+    return list(_shipped())
 
 
 def _not_found(source: object) -> FileNotFoundError:
