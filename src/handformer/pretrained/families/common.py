@@ -414,14 +414,14 @@ def decoder_config(f: Fields, *, act: str, qkv_bias: bool, out_bias: bool, mlp_b
     if eps is None:
         raise f.refuse("rms_norm_eps", None, "must be a positive number")
     rotary_base, rotary_scaling = rope
-    local_base = None
-    if local_rope is not None and "local" in types:
-        local_base, local_scaling = local_rope
-        if local_scaling is not None:
-            raise f.refuse("rope_parameters.sliding_attention.rope_type",
-                           local_scaling["rope_type"], "sliding layers run unscaled RoPE; "
-                           "only 'default' is supported there")
     local = "local" in types
+    local_base = None
+    if local_rope is not None:
+        if local_rope[1] is not None:
+            raise f.refuse("rope_parameters.sliding_attention.rope_type",
+                           local_rope[1]["rope_type"], "sliding layers run unscaled RoPE; "
+                           "only 'default' is supported there")
+        local_base = local_rope[0] if local else None
     return CausalLMConfig(
         vocab_size=f.int("vocab_size"), max_len=f.int("max_position_embeddings"),
         d_model=f.int("hidden_size"), num_heads=H, num_layers=f.int("num_hidden_layers"),
