@@ -7,8 +7,7 @@ and (for some) a ``config.json`` in the older spelling (``rope_theta`` / ``rope_
 ``layer_types``). Then:
 
 * logits within 1e-4 of transformers' eager attention in float32;
-* in float64 within 1e-10 of a reference whose RMSNorm, RoPE frequencies/angles and softmax
-  are patched (here, with ``monkeypatch``) to stay in float64 -- transformers casts all three
+* in float64 within 1e-10 of a reference whose RMSNorm, RoPE angles and softmax are patched (here, with ``monkeypatch``) to stay in float64 -- transformers casts all three
   to float32 even for float64 inputs;
 * every layer's ``hook_pattern`` within 1e-5 of ``output_attentions``;
 * greedy generation of 24 tokens identical; cached decoding equal to recomputing; a
@@ -182,15 +181,6 @@ def _modeling_modules() -> list[object]:
             for m in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3")]
 
 
-class _Float64Torch:
-    """``torch`` as transformers' RoPE initialisers see it: ``torch.float`` is float64."""
-
-    float = torch.float64
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(torch, name)
-
-
 def _rms_forward(offset: float):  # noqa: ANN202
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scale = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + getattr(
@@ -220,12 +210,12 @@ def _softmax64(original):  # noqa: ANN001, ANN202
 
 @pytest.fixture
 def float64_transformers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """transformers' norms, RoPE and eager softmax kept in float64 for float64 models."""
-    from transformers import modeling_rope_utils
+    """transformers' norms, RoPE angles and eager softmax kept in float64 for float64 models.
 
-    monkeypatch.setattr(modeling_rope_utils, "torch", _Float64Torch())
+    The RoPE frequencies stay as the checkpoint defines them (computed in float32 by
+    transformers, and by handformer with ``rotary_freq_dtype="float32"``); the angles
+    ``position * frequency``, their cos and sin are float64."""
     for module in _modeling_modules():
-        monkeypatch.setattr(module, "torch", _Float64Torch())
         for name, cls in vars(module).items():
             if not isinstance(cls, type) or cls.__module__ != module.__name__:
                 continue

@@ -148,11 +148,11 @@ def open_weights(folder: Path) -> SafetensorsState:
              if key not in state._where or state._where[key][0].name != shard]
     unlisted = sorted(set(state.header) - set(weight_map))
     if wrong or unlisted:
-        lines = [f"{len(wrong)} keys not where the index says:", *wrong] if wrong else []
-        if unlisted:
-            lines += [f"{len(unlisted)} keys in the shards but not in the index:", *unlisted]
-        raise CheckpointError(f"{index} does not match its shards; nothing was loaded.\n  "
-                              + "\n  ".join(lines))
+        sections = [f"{len(items)} {title}:\n  " + "\n  ".join(items) for title, items in (
+            ("keys not where the index says", wrong),
+            ("keys in the shards but not in the index", unlisted)) if items]
+        raise CheckpointError(f"{index} does not match its shards; nothing was loaded.\n"
+                              + "\n".join(sections))
     return state
 
 

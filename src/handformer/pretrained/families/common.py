@@ -433,4 +433,5 @@ def decoder_config(f: Fields, *, act: str, qkv_bias: bool, out_bias: bool, mlp_b
         embed_scale=embed_scale, attn_scale=attn_scale, attn_softcap=attn_softcap,
         final_softcap=final_softcap, layer_types=list(types) if local else None,
         rotary_local_base=local_base, rotary_scaling=rotary_scaling,
+        rotary_freq_dtype="float32",  # the checkpoint's frequencies, to the last bit
     )
