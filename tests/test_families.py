@@ -7,8 +7,9 @@ and (for some) a ``config.json`` in the older spelling (``rope_theta`` / ``rope_
 ``layer_types``). Then:
 
 * logits within 1e-4 of transformers' eager attention in float32;
-* in float64 within 1e-10 of a reference whose RMSNorm, RoPE angles and softmax are patched (here, with ``monkeypatch``) to stay in float64 -- transformers casts all three
-  to float32 even for float64 inputs;
+* in float64 within 1e-10 of a reference whose RMSNorm, RoPE angles and softmax are patched
+  (here, with ``monkeypatch``) to stay in float64 -- transformers casts all three to float32
+  even for float64 inputs;
 * every layer's ``hook_pattern`` within 1e-5 of ``output_attentions``;
 * greedy generation of 24 tokens identical; cached decoding equal to recomputing; a
   left-padded row equal to the same prompt alone;
