@@ -41,8 +41,8 @@ the decoding step of full attention reads them grouped, the queries reshaped to
 ``(B, H_kv, L_k, D)``, with no copy; full attention over several new tokens passes
 ``enable_gqa=True`` to torch's kernel; the other kinds get repeated keys and values.
 
-Shape letters: ``B`` batch, ``H`` heads (``H_kv`` key/value heads), ``L`` length (``L_new`` new tokens, ``L_k`` keys held),
-``D`` head dim, ``D_v`` value dim.
+Shape letters: ``B`` batch, ``H`` heads (``H_kv`` key/value heads), ``L`` length (``L_new`` new
+tokens, ``L_k`` keys held), ``D`` head dim, ``D_v`` value dim.
 """
 
 from __future__ import annotations
@@ -324,18 +324,27 @@ class StaticKVCache(LayerCache):
 
     Only for attention kinds that attend to every allowed key (full attention): a kind with
     its own pattern (local, strided) places it relative to the last key, which here is the
-    end of the buffer.
+    end of the buffer. A causal sliding-window layer (``LocalAttention(w, causal=True)``) is
+    served by ``window_size=w``: its window goes into the key mask (``slot of the query -
+    w // 2 <= j``) and the attention is full attention with the layer's soft-cap, the same
+    numbers as the rolling window (it holds every token, not just the window).
 
     Args:
         capacity: the most tokens the cache will hold (prompt plus new tokens).
+        window_size: a causal sliding window (odd) to apply through the key mask; None:
+            none.
+        softcap: the sliding-window layer's soft-cap (only with ``window_size``).
 
     Raises:
         ValueError: for a ``capacity`` that is not a positive integer; when more tokens
             than ``capacity`` are fed.
     """
 
-    def __init__(self, capacity: int) -> None:  # no super().__init__(): ``seen`` is derived
+    def __init__(self, capacity: int, *, window_size: int | None = None,
+                 softcap: float | None = None) -> None:  # no super().__init__(): see seen
         self.capacity = _check_capacity(capacity)
+        self.window_size = None if window_size is None else check_window_size(window_size)
+        self._window_kind = None if window_size is None else FullAttention(softcap=softcap)
         self._k: Tensor | None = None  # (B, H, capacity, D)
         self._v: Tensor | None = None  # (B, H, capacity, D_v)
         self._filled: Tensor | None = None  # (B, capacity) bool: a real token in this slot
@@ -385,8 +394,11 @@ class StaticKVCache(LayerCache):
         if keep_new is not None:
             self._filled.index_copy_(1, slots, keep_new)
         # (B, 1, L_new, capacity): a written, real key at or before the query's own slot.
-        key_mask = (self._filled[:, None, None, :]
-                    & (self._key_pos <= slots[:, None])[None, None])
+        reach = self._key_pos <= slots[:, None]  # (L_new, capacity)
+        if self.window_size is not None:  # ... and within the sliding window
+            reach = reach & (self._key_pos >= slots[:, None] - self.window_size // 2)
+            attention = self._window_kind
+        key_mask = self._filled[:, None, None, :] & reach[None, None]
         self._slot += L_new
         return _attend_held(attention, q, self._k, self._v, key_mask, keep_new is None,
                             causal=False, need_weights=need_weights, dropout_p=dropout_p,
@@ -532,7 +544,8 @@ def cache_for(attention: AttentionKind, *, capacity: int | None = None,
               static: bool = False) -> LayerCache:
     """The cache an attention kind needs for decoding.
 
-    Local attention gets a :class:`WindowKVCache`, linear attention a
+    Local attention gets a :class:`WindowKVCache` (with ``static=True``, a causal local kind
+    a :class:`StaticKVCache` with its window), linear attention a
     :class:`LinearStateCache` (both of a fixed size already), full attention a
     :class:`KVCache` (a :class:`StaticKVCache` with ``static=True``), every other kind
     (strided, ...) a :class:`KVCache`.
@@ -552,6 +565,9 @@ def cache_for(attention: AttentionKind, *, capacity: int | None = None,
     if static and capacity is None:
         raise ValueError("static=True needs a capacity (the most tokens the cache will hold)")
     if isinstance(attention, LocalAttention):
+        if static and attention.causal:  # a decoder's sliding-window layer, compiled
+            return StaticKVCache(capacity, window_size=attention.window_size,
+                                 softcap=attention.softcap)
         return WindowKVCache(attention.window_size)
     if isinstance(attention, LinearAttention):
         return LinearStateCache()

@@ -7,9 +7,9 @@ sinusoidal, or rotary inside the attention) -> ``num_layers`` causal
 :class:`~handformer.DecoderLayer` blocks without cross-attention (each with its attention
 kind and rotary embedding: full or sliding-window layers, ``layer_types``) -> final norm
 (pre-norm models; LayerNorm or RMSNorm) -> LM head (optionally tied to the token embedding)
--> optional final-logit soft-cap (Gemma 2). Positions count real tokens only, so left-padded prompts get the positions they
-would have alone. The configuration is a :class:`CausalLMConfig` saved as ``config.json``
-beside ``model.safetensors``.
+-> optional final-logit soft-cap (Gemma 2). Positions count real tokens only, so left-padded
+prompts get the positions they would have alone. The configuration is a
+:class:`CausalLMConfig` saved as ``config.json`` beside ``model.safetensors``.
 """
 
 from __future__ import annotations
