@@ -372,3 +372,18 @@ def test_gpt2_and_train_runs_load_through_load_lm(tmp_path: Path) -> None:
     with pytest.warns(UserWarning, match="has no tokenizer.*load_lm returns the model with "
                                          "tokenizer None"):
         assert load_lm(tmp_path / "ours")[1] is None
+
+
+def test_attention_swap_keeps_the_models_soft_cap(tmp_path: Path) -> None:
+    from handformer.attention.kinds import FullAttention
+
+    config = transformers.Gemma2Config(
+        vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=32,
+        sliding_window=64, attn_logit_softcapping=1.5, initializer_range=0.5)
+    torch.manual_seed(0)
+    transformers.Gemma2ForCausalLM(config).save_pretrained(tmp_path)
+    loaded, _ = load_lm(tmp_path, tokenizer=False)  # window >= context: full attention
+    swapped, _ = load_lm(tmp_path, tokenizer=False, attention=FullAttention())
+    assert [layer.self_attn.attention.softcap for layer in swapped.layers] == [1.5, 1.5]
+    torch.testing.assert_close(_logits(swapped), _logits(loaded), atol=1e-6, rtol=0)

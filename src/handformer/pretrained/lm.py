@@ -246,10 +246,14 @@ def _check_device(device: object) -> torch.device:
 
 def swap_attention(model: CausalLM, attention: object) -> None:
     """Give every layer its own copy of ``attention`` (a kind, or a factory called per
-    layer), keeping the weights."""
+    layer), keeping the weights. A model with an attention-logit soft-cap (Gemma 2) keeps it
+    in softmax kinds given without one: the cap is part of the model, not of the kind."""
+    cap = getattr(model.config, "attn_softcap", None)
     for layer in model.layers:
         kind = (copy.deepcopy(attention) if isinstance(attention, AttentionKind)
                 else check_attention(attention()))  # type: ignore[operator]
+        if cap is not None and getattr(kind, "softcap", False) is None:
+            kind.softcap = cap
         layer.self_attn.attention = kind
 
 
