@@ -170,6 +170,22 @@ def namespace(tmp: Path) -> dict[str, object]:
                 meta[f"tokenizer.ggml.{name}"] = value
         return meta
 
+    def fam(model_type: str, **fields: object) -> object:
+        """A causal LM family's config from a small config.json dict with ``fields``."""
+        from handformer.pretrained.families import family_for
+
+        base = dict(model_type=model_type, vocab_size=23, hidden_size=16, intermediate_size=32,
+                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                    max_position_embeddings=16)
+        return family_for(model_type).config_from_hf({**base, **fields})
+
+    def folder_of(model_type: str) -> Path:
+        """A folder whose config.json has only ``model_type``."""
+        folder = tmp / f"type-{model_type}"
+        folder.mkdir(exist_ok=True)
+        (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
+        return folder
+
     existing_run = tmp / "existing-run"
     existing_run.mkdir()
     (existing_run / "train.json").write_text("{}")
@@ -179,7 +195,8 @@ def namespace(tmp: Path) -> dict[str, object]:
             "train": train, "load_checkpoint": load_checkpoint, "checkpoint": checkpoint,
             "cli": cli, "tmp": tmp, "existing_run": existing_run, "json": json,
             "inspect": inspect, "enc": enc, "spm_meta": spm_meta, "LMTokenizer": LMTokenizer,
-            "render_chat_template": render_chat_template, "CharVocab": CharVocab}
+            "render_chat_template": render_chat_template, "CharVocab": CharVocab,
+            "fam": fam, "folder_of": folder_of}
 
 
 EXCEPTIONS = {"ValueError": ValueError, "TypeError": TypeError,
