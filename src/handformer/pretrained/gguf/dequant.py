@@ -55,8 +55,9 @@ def dequantize_tensor(file: GGUFFile, info: TensorInfo, *, dtype: torch.dtype = 
         A tensor of shape ``info.shape`` and dtype ``dtype``.
 
     Raises:
-        CheckpointError: for a ggml type ``gguf.quants`` cannot dequantize, or a file that
-            changed size since it was read.
+        CheckpointError: for a ggml type ``gguf.quants`` cannot dequantize, values that
+            dequantize to NaN or infinity (a damaged scale), or a file that changed size since
+            it was read.
         TypeError: for a non-floating ``dtype``.
         ValueError: for a ``row_order`` of the wrong length.
     """
@@ -84,10 +85,15 @@ def dequantize_tensor(file: GGUFFile, info: TensorInfo, *, dtype: torch.dtype = 
     step = max(1, CHUNK_VALUES // cols)
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
-        values = quants.dequantize(np.asarray(raw[r0:r1]), info.ggml_type)  # (r1 - r0, cols)
+        with np.errstate(invalid="ignore", over="ignore"):  # reported below, in one line
+            values = quants.dequantize(np.asarray(raw[r0:r1]), info.ggml_type)  # (r, cols)
         if not values.flags.writeable:  # F32 rows are a view of the read-only map
             values = values.copy()
         chunk = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+        if not bool(torch.isfinite(chunk).all()):
+            bad = r0 + int((~torch.isfinite(chunk)).any(dim=1).nonzero()[0, 0])
+            raise file.error(f"tensor {info.name!r}", f"row {bad} holds NaN or infinite values "
+                             f"(a damaged {info.ggml_type.name} scale or value)")
         if offset:
             chunk = chunk + offset  # float32, as llama.cpp's converter's inverse
         if row_order is None:
