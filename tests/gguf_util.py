@@ -243,3 +243,35 @@ def header_fields(data: bytes) -> dict[str, int]:
         pos += 12
     out["data"] = pos
     return out
+
+
+def gpt2_to_gguf(state: dict[str, torch.Tensor], config: dict, path: Path) -> Path:
+    """Write an HF GPT-2 checkpoint as llama.cpp does: Conv1D weights transposed to
+    ``(out, in)``, and ``output.weight`` a copy of the embedding."""
+    names = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output",
+             "ln_2": "ffn_norm", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
+    top = {"transformer.wte.weight": "token_embd.weight",
+           "transformer.wpe.weight": "position_embd.weight",
+           "transformer.ln_f.weight": "output_norm.weight",
+           "transformer.ln_f.bias": "output_norm.bias"}
+    tensors = {}
+    for name, t in state.items():
+        t = t.detach().float()
+        if name in top:
+            tensors[top[name]] = t.numpy()
+            continue
+        if name == "lm_head.weight":
+            continue
+        _, _, i, rest = name.split(".", 3)
+        module, param = rest.rsplit(".", 1)
+        if param == "weight" and t.dim() == 2:
+            t = t.t().contiguous()
+        tensors[f"blk.{i}.{names[module]}.{param}"] = t.numpy()
+    tensors["output.weight"] = tensors["token_embd.weight"].copy()
+    E = config["n_embd"]
+    meta = {"gpt2.block_count": (U32, config["n_layer"]),
+            "gpt2.context_length": (U32, config["n_positions"]),
+            "gpt2.embedding_length": (U32, E), "gpt2.feed_forward_length": (U32, 4 * E),
+            "gpt2.attention.head_count": (U32, config["n_head"]),
+            "gpt2.attention.layer_norm_epsilon": (F32, config["layer_norm_epsilon"])}
+    return write_gguf(path, "gpt2", meta, tensors)
