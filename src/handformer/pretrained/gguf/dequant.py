@@ -79,6 +79,10 @@ def dequantize_tensor(file: GGUFFile, info: TensorInfo, *, dtype: torch.dtype = 
     block, type_size = GGML_QUANT_SIZES[info.ggml_type]
     row_bytes = cols // block * type_size
     out = torch.empty(rows, cols, dtype=dtype)  # (rows, cols): every dim but the last is a row
+    # numpy writes straight into float32/16/64 outputs (one thread: the copies are memory-bound
+    # and torch's thread pool only adds waiting on a busy machine); bfloat16 goes through torch.
+    out_np = None if dtype == torch.bfloat16 else out.numpy()
+    order = None if row_order is None else row_order.numpy()
     # A memory map of this tensor's bytes alone; dropped (unmapped) when the function returns.
     raw = np.memmap(file.path, dtype=np.uint8, mode="r", offset=info.offset,
                     shape=(rows, row_bytes))
@@ -87,18 +91,23 @@ def dequantize_tensor(file: GGUFFile, info: TensorInfo, *, dtype: torch.dtype = 
         r1 = min(rows, r0 + step)
         with np.errstate(invalid="ignore", over="ignore"):  # reported below, in one line
             values = quants.dequantize(np.asarray(raw[r0:r1]), info.ggml_type)  # (r, cols)
-        if not values.flags.writeable:  # F32 rows are a view of the read-only map
-            values = values.copy()
-        chunk = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
-        if not bool(torch.isfinite(chunk).all()):
-            bad = r0 + int((~torch.isfinite(chunk)).any(dim=1).nonzero()[0, 0])
-            raise file.error(f"tensor {info.name!r}", f"row {bad} holds NaN or infinite values "
-                             f"(a damaged {info.ggml_type.name} scale or value)")
+            values = values.astype(np.float32, copy=False)
+            if not np.isfinite(values.sum()) and not np.isfinite(values).all():
+                bad = r0 + int(np.flatnonzero(~np.isfinite(values).all(axis=1))[0])
+                raise file.error(f"tensor {info.name!r}", f"row {bad} holds NaN or infinite "
+                                 f"values (a damaged {info.ggml_type.name} scale or value)")
         if offset:
-            chunk = chunk + offset  # float32, as llama.cpp's converter's inverse
-        if row_order is None:
-            out[r0:r1] = chunk
+            values = values + np.float32(offset)  # in float32, as llama.cpp added it
+        rows_out = slice(r0, r1) if order is None else order[r0:r1]
+        if out_np is not None:
+            out_np[rows_out] = values  # rounds once to the output dtype
         else:
-            out[row_order[r0:r1]] = chunk.to(dtype)
+            if not values.flags.writeable:  # F32 rows are a view of the read-only map
+                values = values.copy()
+            chunk = torch.from_numpy(values).to(dtype)
+            if order is None:
+                out[r0:r1] = chunk
+            else:
+                out[torch.from_numpy(order[r0:r1])] = chunk
     del raw
     return out.reshape(info.shape)
