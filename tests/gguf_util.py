@@ -275,3 +275,54 @@ def gpt2_to_gguf(state: dict[str, torch.Tensor], config: dict, path: Path) -> Pa
             "gpt2.attention.head_count": (U32, config["n_head"]),
             "gpt2.attention.layer_norm_epsilon": (F32, config["layer_norm_epsilon"])}
     return write_gguf(path, "gpt2", meta, tensors)
+
+
+# ---- damaged files for the error catalogue (docs/errors.md) ----------------------------------
+
+HUGE = (1 << 64) - 1
+_DAMAGE: dict[str, tuple[str, str, object]] = {  # kind -> (field, struct format, value)
+    "magic": ("magic", "<4s", b"GGML"),
+    "version": ("version", "<I", 1),
+    "big-endian": ("version", "<I", 3 << 24),
+    "tensor-count": ("tensor_count", "<Q", HUGE),
+    "string-length": ("kv:tokenizer.ggml.tokens:item1", "<Q", 1 << 40),
+    "n-dims": ("ti:token_embd.weight:n_dims", "<I", 5),
+    "type": ("ti:token_embd.weight:type", "<I", 99),
+    "offset": ("ti:blk.0.ffn_down.weight:offset", "<Q", 1 << 40),
+    "alignment": ("kv:general.alignment:value", "<I", 48),
+    "int-tensor": ("ti:output_norm.weight:type", "<I", 26),  # I32: same size as F32
+}
+
+
+def damaged_gguf(folder: Path, kind: str) -> Path:
+    """The tiny llama file with one kind of damage (see ``_DAMAGE``, and ``truncated``,
+    ``overflow``, ``architecture``, ``missing-key``, ``missing-tensor``, ``nan``)."""
+    path = folder / f"damaged-{kind}.gguf"
+    if path.exists():
+        return path
+    folder.mkdir(parents=True, exist_ok=True)
+    data = bytearray(tiny_llama_gguf(folder / "tiny-llama.gguf").read_bytes())
+    fields = header_fields(bytes(data))
+    if kind in _DAMAGE:
+        field, fmt, value = _DAMAGE[kind]
+        struct.pack_into(fmt, data, fields[field], value)
+    elif kind == "truncated":
+        data = data[:fields["ti:blk.0.attn_q.weight:len"] + 20]
+    elif kind == "overflow":
+        struct.pack_into("<QQ", data, fields["ti:token_embd.weight:dim0"], 1 << 32, 1 << 32)
+    elif kind == "architecture":
+        data = data.replace(b"llama", b"mamba")
+    elif kind == "missing-key":
+        data = data.replace(b"llama.block_count", b"llama.layer_count")  # same length
+    elif kind == "missing-tensor":
+        data = data.replace(b"blk.0.ffn_down.weight", b"blk.0.ffn_down.weighs")
+    elif kind == "nan":  # the first Q8_0 block's float16 scale of token_embd: NaN
+        from gguf import GGUFReader
+
+        at = next(t.data_offset for t in GGUFReader(folder / "tiny-llama.gguf").tensors
+                  if t.name == "token_embd.weight")
+        data[at:at + 2] = np.array([np.nan], np.float16).tobytes()
+    else:
+        raise ValueError(f"unknown damage {kind!r}")
+    path.write_bytes(bytes(data))
+    return path

