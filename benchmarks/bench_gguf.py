@@ -21,6 +21,7 @@ Run: ``.venv/bin/python benchmarks/bench_gguf.py`` (or ``make bench``);
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -137,7 +138,9 @@ def bench_model(name: str) -> dict[str, object]:
 
 
 def main() -> int:
+    load_start = os.getloadavg()[0]
     results = {name: bench_model(name) for name in MODELS}
+    load_end = os.getloadavg()[0]
     mib = 2**20
     md = ["# Loading GGUF files: handformer vs transformers", "",
           f"Machine: {machine_line()} (shared with other jobs: timings are noisy)", "",
@@ -169,7 +172,8 @@ def main() -> int:
     text = "\n".join(md) + "\n"
     print(text)
     write_results("gguf", {"machine": machine(), "quick": QUICK, "models": results,
-                           "targets_met": met}, text)
+                           "targets_met": met,
+                           "load_average_start_end": [load_start, load_end]}, text)
     return 0
 
 

@@ -62,7 +62,7 @@ def _int(f: GGUFFile, key: str, default: object = _MISSING, *, low: int = 1,
         if default is _MISSING:
             raise f.error(key, "missing (needed for the model's config)")
         return default  # type: ignore[return-value]
-    if f.value_types[key] != (f.value_types[key][0],) or f.value_types[key][0] not in _INTS:
+    if len(f.value_types[key]) != 1 or f.value_types[key][0] not in _INTS:
         raise f.error(key, f"must be an integer, got {_type_name(f, key)}")
     value = f.metadata[key]
     if not low <= value <= high:
