@@ -323,8 +323,8 @@ def _retyped(tmp_path: Path, **changes: tuple) -> Path:
     ({"llama__rope__freq_base": (STR, "x")}, "llama.rope.freq_base: must be a number"),
     ({"llama__rope__freq_base": (GGUFValueType.FLOAT32, -1.0)}, "finite positive number"),
     ({"llama__rope__scaling__type": (STR, "yarn")}, "'yarn' is not supported"),
-    ({"tokenizer__ggml__bos_token_id": (U32, 99)}, "tokenizer.ggml.bos_token_id: must be in "
-                                                   "[0, 15], got 99"),
+    ({"tokenizer__ggml__bos_token_id": (STR, "<s>")}, "tokenizer.ggml.bos_token_id: must be "
+                                                      "an integer, got string"),
     ({"general__alignment": None, "x": (BOOL, True)}, None),  # loads
 ])
 def test_metadata_refusals(tmp_path: Path, changes: dict, message: str | None) -> None:
@@ -336,6 +336,11 @@ def test_metadata_refusals(tmp_path: Path, changes: dict, message: str | None) -
         gguf_to_hf(path)
     assert message in str(info.value) and str(path) in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_special_ids_outside_the_vocabulary_are_left_out(tmp_path: Path) -> None:
+    config, _ = gguf_to_hf(_retyped(tmp_path, tokenizer__ggml__bos_token_id=(U32, 99)))
+    assert "bos_token_id" not in config and config["eos_token_id"] == 2
 
 
 def test_unexpected_tensor_is_named(tmp_path: Path) -> None:

@@ -157,12 +157,16 @@ def _rope(f: GGUFFile, arch: str, theta: float) -> tuple[dict, dict | None]:
 
 
 def _token_ids(f: GGUFFile, vocab: int) -> dict[str, int]:
+    """BOS/EOS/padding ids; one outside the vocabulary is left out (llama.cpp ignores it too,
+    with a warning), one of the wrong type is refused."""
     ids = {}
     for ours, theirs in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                          ("pad_token_id", "padding_token_id")):
         key = f"tokenizer.ggml.{theirs}"
         if key in f.metadata:
-            ids[ours] = _int(f, key, low=0, high=vocab - 1)
+            value = _int(f, key, low=0, high=(1 << 64) - 1)
+            if value < vocab:
+                ids[ours] = value
     return ids
 
 
