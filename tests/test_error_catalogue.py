@@ -26,6 +26,7 @@ from handformer import inspect, masks
 from handformer.cli import main
 from handformer.pretrained import CheckpointError, load_bert
 from handformer.pretrained.chat_template import render_chat_template
+from handformer.pretrained.gguf import gguf_to_hf, read_gguf, shipped_path
 from handformer.pretrained.gpt2 import load_gpt2
 from handformer.pretrained.lm_tokenizer import LMTokenizer
 from handformer.train import CharVocab, TrainConfig, train
@@ -186,6 +187,12 @@ def namespace(tmp: Path) -> dict[str, object]:
         (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
         return folder
 
+    def bad_gguf(kind: str) -> Path:
+        """A tiny llama GGUF file with one kind of damage (tests/gguf_util.py)."""
+        from gguf_util import damaged_gguf
+
+        return damaged_gguf(tmp / "gguf", kind)
+
     existing_run = tmp / "existing-run"
     existing_run.mkdir()
     (existing_run / "train.json").write_text("{}")
@@ -196,7 +203,9 @@ def namespace(tmp: Path) -> dict[str, object]:
             "cli": cli, "tmp": tmp, "existing_run": existing_run, "json": json,
             "inspect": inspect, "enc": enc, "spm_meta": spm_meta, "LMTokenizer": LMTokenizer,
             "render_chat_template": render_chat_template, "CharVocab": CharVocab,
-            "fam": fam, "folder_of": folder_of}
+            "fam": fam, "folder_of": folder_of,
+            "bad_gguf": bad_gguf, "read_gguf": read_gguf,
+            "gguf_to_hf": gguf_to_hf, "shipped_path": shipped_path}
 
 
 EXCEPTIONS = {"ValueError": ValueError, "TypeError": TypeError,
