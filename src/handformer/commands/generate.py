@@ -28,13 +28,21 @@ HELP = ("Continue a prompt with a causal LM (GPT-2, Llama, Mistral, Qwen, Gemma,
 
 
 DEFAULT_NEW_TOKENS = 50  # without --max-new-tokens: this many, or fewer where the context ends
+CHAT_NEW_TOKENS = 256  # a reply's default limit with --chat (it usually ends at its end token)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="MODEL", required=True,
                         help="causal LM folder (GPT-2, Llama, Mistral, Qwen2/3, Gemma 2/3, a "
                              "handformer train run), a .gguf file or a shipped model name")
-    parser.add_argument("--prompt", metavar="TEXT", required=True, help="text to continue")
+    text = parser.add_mutually_exclusive_group(required=True)
+    text.add_argument("--prompt", metavar="TEXT", help="text to continue")
+    text.add_argument("--chat", metavar="TEXT",
+                      help="a message to an instruct model: rendered with its chat template, "
+                           "the reply streamed until the end of its turn")
+    from handformer.commands.chat import add_chat_options
+
+    add_chat_options(parser)
     parser.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
                         help=f"tokens to generate (default: {DEFAULT_NEW_TOKENS}, or as many as "
                              "fit in the model's context, with a note)")
@@ -168,6 +176,10 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     _check_flags(args)
+    if args.chat is not None:
+        return _chat_once(args)
+    if args.system is not None:
+        raise UsageError("--system goes with --chat (a system message for an instruct model)")
     device = resolve_device(args.device)
     model, tokenizer = load_model_and_tokenizer(args.model)
     model.to(device)
@@ -194,4 +206,25 @@ def run(args: argparse.Namespace) -> int:
         note(f"stopped at the model's context limit: {len(ids)} prompt + {n} new = {max_len} "
              f"tokens (without --max-new-tokens, generate makes up to {DEFAULT_NEW_TOKENS} "
              "tokens, as many as fit)")
+    return 0
+
+
+def _chat_once(args: argparse.Namespace) -> int:
+    """``generate --chat TEXT``: one turn of :class:`~handformer.pretrained.chat.ChatSession`."""
+    from handformer.commands.chat import open_session
+
+    if args.no_cache:
+        raise UsageError("--no-cache goes with --prompt, not --chat")
+    session = open_session(args, CHAT_NEW_TOKENS if args.max_new_tokens is None
+                           else args.max_new_tokens)
+
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    try:
+        session.send(args.chat, on_text=write)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    write("\n")
     return 0
