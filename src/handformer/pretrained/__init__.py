@@ -12,8 +12,8 @@ from handformer.pretrained.bert import BertConfig, BertModel, BertOutput, bert_k
 from handformer.pretrained.checkpoints import bundled_model_dir, load_bert
 from handformer.pretrained.embed import embed
 from handformer.pretrained.gpt2 import load_gpt2
-from handformer.pretrained.lm_tokenizer import LMTokenizer
 from handformer.pretrained.lm import build_causal_lm, load_lm
+from handformer.pretrained.lm_tokenizer import LMTokenizer
 from handformer.pretrained.pooling import SentencePooling
 from handformer.pretrained.protocol import Tokenizer
 from handformer.pretrained.text_tokenizer import TextTokenizer
