@@ -8,16 +8,32 @@ tests' info strings (```` ```bash .noeval ````, ```` ```text output ````). On th
   (``REPO_URL``); a link to a file that does not exist is a warning, which ``mkdocs build
   --strict`` turns into a failure, as MkDocs does for links between pages;
 * a fence's extra words after the language are dropped (Python-Markdown would not see a
-  fence otherwise); ```` ```text output ```` blocks get the title "output".
+  fence otherwise); ```` ```text output ```` blocks get the title "output";
+* the notebooks point their pictures and links at GitHub (they are read on Colab too): on the
+  site, those that name a file of the site point at it instead, so the notebook pages load
+  nothing from another origin and their links stay on the site.
 
 Code blocks are left as they are: only the prose between fences is rewritten.
+
+With ``extra.execute_notebooks`` on (``HANDFORMER_DOCS_EXECUTE=true``, what ``make docs-site``
+sets), each notebook page is first executed top to bottom in a Jupyter kernel (``python3``, on
+CPU, as tests/test_notebooks.py runs them), each in a fresh temporary folder, so what the
+tutorial writes (``runs/reverse``, ``head.png``, ...) never meets an earlier run or the other
+notebook, and nothing lands in docs/; mkdocs-jupyter then renders the executed copy. A cell
+that fails stops the build with the notebook, the cell and the error.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
+
+from mkdocs.exceptions import PluginError
+from mkdocs.plugins import event_priority
 
 REPO_URL = "https://github.com/handformer/handformer"
 BRANCH = "main"
@@ -62,6 +78,27 @@ def _fence(match: re.Match) -> str:
     return f"{indent}{fence}{new}{match.group(0)[first_line_end:]}"
 
 
+GITHUB_DOCS = re.compile(
+    r'(src|href)="(?:https://raw\.githubusercontent\.com/handformer/handformer/main|'
+    r'https://github\.com/handformer/handformer/(?:blob|raw)/main)/docs/([^"#?]+)(#[^"]*)?"')
+
+
+def on_page_content(html: str, page, config, files) -> str:
+    """In a notebook page, GitHub URLs of files of the site become links into the site."""
+    if not page.file.src_uri.endswith(".ipynb"):
+        return html
+    from mkdocs.utils import get_relative_url
+
+    def local(m: re.Match) -> str:
+        target = files.get_file_from_path(m.group(2))
+        if target is None:
+            return m.group(0)
+        url = get_relative_url(target.url, page.url)
+        return f'{m.group(1)}="{url}{m.group(3) or ""}"'
+
+    return GITHUB_DOCS.sub(local, html)
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
     """Rewrite links out of docs/ to GitHub and the tests' fence info strings."""
     if page.file.abs_src_path is None:
@@ -79,3 +116,59 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     out.append(LINK.sub(lambda m: _outside_link(m, page_dir, docs, root, page.file.src_uri),
                         markdown[last:]))
     return "".join(out)
+
+
+# ---- executing the notebooks ------------------------------------------------------------------
+
+_executed: list[Path] = []  # the temporary folders of this build, removed after it
+
+
+def _execute(source: Path, root: Path) -> Path:
+    """Run the notebook at ``source`` in a fresh folder; the path of the executed copy."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    folder = Path(tempfile.mkdtemp(prefix="handformer-docs-"))
+    _executed.append(folder)
+    work = folder / "work"
+    work.mkdir()
+    notebook = nbformat.read(source, as_version=4)
+    env = dict(os.environ)
+    env.pop("MPLBACKEND", None)  # ipykernel's default: inline figures
+    env["CUDA_VISIBLE_DEVICES"] = ""  # on CPU, so the outputs are the tutorial's
+    env["IPYTHONDIR"] = str(folder / ".ipython")  # no user profile or startup files
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root / "src"),
+                                                      env.get("PYTHONPATH")]))
+    client = NotebookClient(notebook, kernel_name="python3", timeout=1200, startup_timeout=120,
+                            resources={"metadata": {"path": str(work)}})
+    log.info("Executing %s in %s", source.name, work)
+    try:
+        client.execute(env=env)
+    except CellExecutionError as exc:
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+        raise PluginError(f"{source.name} failed when executed:\n{text}") from None
+    executed = folder / source.name
+    nbformat.write(notebook, executed)
+    return executed
+
+
+@event_priority(-100)  # after mkdocs-jupyter has made the notebooks pages
+def on_files(files, config):
+    """With ``extra.execute_notebooks``, point each notebook page at its executed copy."""
+    if not config["extra"].get("execute_notebooks"):
+        return files
+    root = _repo_root(config)
+    for file in files:
+        if file.src_uri.endswith(".ipynb") and file.abs_src_path is not None:
+            file.abs_src_path = str(_execute(Path(file.abs_src_path), root))
+    return files
+
+
+def on_post_build(config):
+    while _executed:
+        shutil.rmtree(_executed.pop(), ignore_errors=True)
+
+
+def on_build_error(error):
+    on_post_build(None)
