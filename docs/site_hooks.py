@@ -11,7 +11,10 @@ tests' info strings (```` ```bash .noeval ````, ```` ```text output ````). On th
   fence otherwise); ```` ```text output ```` blocks get the title "output";
 * the notebooks point their pictures and links at GitHub (they are read on Colab too): on the
   site, those that name a file of the site point at it instead, so the notebook pages load
-  nothing from another origin and their links stay on the site.
+  nothing from another origin and their links stay on the site;
+* the docstrings' Sphinx roles (``:class:`~handformer.CausalLM```), which mkdocstrings shows
+  as written, become code, linked to the object's entry in the API reference where exactly one
+  entry has that name.
 
 Code blocks are left as they are: only the prose between fences is rewritten.
 
@@ -30,6 +33,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections import defaultdict
 from pathlib import Path
 
 from mkdocs.exceptions import PluginError
@@ -116,6 +120,51 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     out.append(LINK.sub(lambda m: _outside_link(m, page_dir, docs, root, page.file.src_uri),
                         markdown[last:]))
     return "".join(out)
+
+
+# ---- Sphinx roles in the API reference ---------------------------------------------------------
+
+ROLE = re.compile(r":(?:class|func|meth|mod|attr|data|exc|obj):<code>(~?)([\w.\s]+)(\(\))?</code>")
+API_ID = re.compile(r'id="(handformer\.[\w.]+)"')
+
+
+@event_priority(50)  # before mkdocs-autorefs' on_env, while the pages' HTML can still change
+def on_env(env, config, files):
+    """``:role:`target``` in the API pages: a link to the one entry named so, else code."""
+    from mkdocs.utils import get_relative_url
+
+    pages = [f.page for f in files.documentation_pages()
+             if f.page is not None and f.page.content and f.src_uri.startswith("api/")]
+    where: dict[str, str] = {}  # documented name -> url of its page
+    for page in pages:
+        for ident in API_ID.findall(page.content):
+            where.setdefault(ident, page.url)
+    by_last: dict[str, list[str]] = defaultdict(list)
+    for ident in where:
+        by_last[ident.rsplit(".", 1)[-1]].append(ident)
+
+    def resolve(target: str, page) -> str | None:
+        if target in where:
+            return target
+        found = by_last.get(target.rsplit(".", 1)[-1], [])
+        found = [i for i in found if i.endswith("." + target)] or \
+            ([] if "." in target and not target.startswith("handformer.") else found)
+        here = [i for i in found if where[i] == page.url]
+        found = here or found
+        return found[0] if len(found) == 1 else None
+
+    for page in pages:
+        def link(m: re.Match, page=page) -> str:
+            tilde, target, call = m.groups()
+            target = re.sub(r"\s+", "", target)  # a name wrapped over two docstring lines
+            code = f"<code>{target.rsplit('.', 1)[-1] if tilde else target}{call or ''}</code>"
+            ident = resolve(target, page)
+            if ident is None:
+                return code
+            return f'<a href="{get_relative_url(where[ident], page.url)}#{ident}">{code}</a>'
+
+        page.content = ROLE.sub(link, page.content)
+    return env
 
 
 # ---- executing the notebooks ------------------------------------------------------------------

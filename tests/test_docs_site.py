@@ -136,6 +136,10 @@ def test_api_reference_comes_from_the_docstrings(site: Path) -> None:
             assert f'id="{name}"' in html, f"api/{area}.html does not document {name}"
     layers = (site / "api" / "layers.html").read_text(encoding="utf-8")
     assert "Raises" in layers and "num_heads" in layers  # the docstrings' sections, rendered
+    # the docstrings' Sphinx roles became code, linked across pages where the name is unique
+    pages = "".join(p.read_text(encoding="utf-8") for p in (site / "api").glob("*.html"))
+    assert not re.search(r":(class|func|meth|mod|attr|data|exc):<code>", pages)
+    assert len(re.findall(r'<a href="\w+\.html#handformer\.[\w.]+"><code>', pages)) >= 20
 
 
 def test_pages_link_the_code_on_github_and_render_the_notebooks(site: Path) -> None:
