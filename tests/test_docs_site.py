@@ -157,7 +157,8 @@ def test_pages_link_the_code_on_github_and_render_the_notebooks(site: Path) -> N
         assert 'src="../img/seed_attention.png"' in notebook  # the site's copy, not GitHub's
         assert (site / "notebooks" / f"tutorial.{lang}.ipynb").is_file()  # the download
     home = (site / "zh" / "index.html").read_text(encoding="utf-8")
-    assert 'href="../tutorial.zh.html"' in home and 'lang="zh"' in home  # language switch
+    assert 'href="../tutorial.zh.html"' in home
+    assert '<a href="../index.html" hreflang="en"' in home  # the language switch
 
 
 # ---- each mistake fails the strict build --------------------------------------------------
