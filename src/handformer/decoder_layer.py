@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from handformer.attention.kinds import AttentionKind
 from handformer.hooks import HookPoint
 from handformer.layers import Dropout, FeedForward, MultiHeadAttention, attention_dropout
+from handformer.norms import LayerNorm
 
 if TYPE_CHECKING:
     from handformer.attention.cache import LayerCache
@@ -66,16 +67,16 @@ class DecoderLayer(nn.Module):
         self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=attn_dropout, bias=bias,
                                             attention=attention, rotary=rotary)
-        self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
         self.dropout1 = Dropout(dropout)
         if cross_attention:
             self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, bias=bias)
-            self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+            self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
             self.dropout2 = Dropout(dropout)
         else:
             self.cross_attn = None
         self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
-        self.norm3 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.norm3 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
         self.dropout3 = Dropout(dropout)
         self.hook_resid_pre, self.hook_resid_mid = HookPoint(), HookPoint()
         self.hook_resid_post = HookPoint()

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from handformer.attention.kinds import AttentionKind, FullAttention
 from handformer.checks import check_dropout, check_positive_int
 from handformer.hooks import HookError, HookPoint
+from handformer.norms import LayerNorm
 
 if TYPE_CHECKING:
     from handformer.attention.cache import LayerCache
@@ -315,8 +316,8 @@ class EncoderLayer(nn.Module):
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=attn_dropout, bias=bias,
                                             attention=attention)
         self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
-        self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
-        self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
         self.dropout1 = Dropout(dropout)
         self.dropout2 = Dropout(dropout)
         self.hook_resid_pre, self.hook_resid_mid = HookPoint(), HookPoint()
@@ -348,7 +349,7 @@ class EncoderLayer(nn.Module):
 def stack_norm(first: nn.Module, final_norm: bool | nn.Module) -> nn.Module | None:
     """The norm after a stack: a LayerNorm like ``first.norm1`` (True), a module, or None."""
     if final_norm is True:
-        return nn.LayerNorm(first.d_model, eps=first.norm1.eps)
+        return LayerNorm(first.d_model, eps=first.norm1.eps)
     if isinstance(final_norm, nn.Module):
         return final_norm
     return None

@@ -31,6 +31,7 @@ from handformer.layers import Dropout
 from handformer.masks import from_hf_attention_mask
 from handformer.models.causal_lm_config import CausalLMConfig
 from handformer.models.plain_step import PlainDecodeStep
+from handformer.norms import LayerNorm
 from handformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from handformer.positional_rotary import RotaryEmbedding
 from handformer.weights import load_safetensors
@@ -89,7 +90,7 @@ class CausalLM(nn.Module):
                          attention=c.make_attention(), cross_attention=False, rotary=rotary)
             for _ in range(c.num_layers)
         )
-        self.norm = (nn.LayerNorm(c.d_model, eps=c.layer_norm_eps, bias=c.bias)
+        self.norm = (LayerNorm(c.d_model, eps=c.layer_norm_eps, bias=c.bias)
                      if c.norm_first else None)
         self.hook_embed = HookPoint()  # token embeddings (B, L, E)
         if c.positional in ("learned", "sinusoidal"):
