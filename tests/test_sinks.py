@@ -124,3 +124,29 @@ def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="does not apply dropout"):
         SinkAttention(5)(torch.randn(1, 3, 4), torch.randn(1, 3, 4), torch.randn(1, 3, 4),
                          dropout_p=0.1)
+
+
+def test_grouped_query_attention_and_softcap_in_the_kind_and_the_cache() -> None:
+    """Keys/values with fewer heads: the kind equals repeating them; decoding with the cache
+    through a GQA MultiHeadAttention equals recomputing; the soft-cap is applied in both."""
+    from handformer.attention.functional import repeat_kv
+
+    torch.manual_seed(3)
+    q, k, v = torch.randn(2, 4, 9, 8), torch.randn(2, 2, 9, 8), torch.randn(2, 2, 9, 8)
+    kind = SinkAttention(5, sink_tokens=2, softcap=2.0)
+    grouped, _ = kind(q, k, v, causal=True, enable_gqa=True)
+    repeated, _ = kind(q, repeat_kv(k, 2), repeat_kv(v, 2), causal=True)
+    torch.testing.assert_close(grouped, repeated)
+    uncapped, _ = SinkAttention(5, sink_tokens=2)(q, repeat_kv(k, 2), repeat_kv(v, 2),
+                                                  causal=True)
+    assert (uncapped - grouped).abs().max() > 1e-3
+
+    attn = hf.MultiHeadAttention(16, 4, num_kv_heads=2, attention=kind).eval()
+    x = torch.randn(2, 12, 16)
+    with torch.no_grad():
+        full, _ = attn(x, causal=True)
+        cache = kind.new_cache()
+        parts = [attn(x[:, :4], causal=True, cache=cache)[0]]
+        parts += [attn(x[:, i:i + 1], causal=True, cache=cache)[0] for i in range(4, 12)]
+    assert cache._k.shape[1] == 2  # the cache holds the KV heads, not the query heads
+    torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=1e-5)

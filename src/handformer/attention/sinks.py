@@ -27,8 +27,11 @@ Cost: the kind computes the dense masked scores through torch's fused kernel (ti
 ``O(L_q * L_k * D)``, like full attention; the ``L_q x L_k`` matrix is written only with
 ``need_weights``); the cache holds at most ``sink_tokens + window_size // 2`` keys.
 
-Shape letters: ``B`` batch, ``H`` heads, ``L_q`` queries, ``L_k`` keys, ``D`` head dim,
-``D_v`` value dim, leading batch dims ``...``.
+Grouped-query attention: keys and values may have ``H_kv`` heads (fewer than the queries'),
+and the cache holds them so.
+
+Shape letters: ``B`` batch, ``H`` heads (``H_kv`` key/value heads), ``L_q`` queries, ``L_k``
+keys, ``D`` head dim, ``D_v`` value dim, leading batch dims ``...``.
 """
 
 from __future__ import annotations
@@ -37,9 +40,9 @@ import torch
 from torch import Tensor
 
 from handformer.attention.cache import LayerCache, _check_step, _join_keep, _new_key_mask
-from handformer.attention.functional import check_qkv, scaled_dot_product_attention
+from handformer.attention.functional import check_qkv, kv_groups, scaled_dot_product_attention
 from handformer.attention.kinds import AttentionKind, check_no_dropout
-from handformer.checks import check_non_negative_int, check_window_size
+from handformer.checks import check_non_negative_int, check_softcap, check_window_size
 from handformer.masks import check_mask, window_mask
 
 __all__ = ["sink_mask", "sink_attention", "SinkAttention", "SinkWindowKVCache"]
@@ -64,7 +67,8 @@ def sink_mask(L_q: int, L_k: int, window_size: int, sink_tokens: int, *, causal:
 
 def sink_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
                    window_size: int, sink_tokens: int, causal: bool = False,
-                   scale: float | None = None, need_weights: bool = False
+                   scale: float | None = None, need_weights: bool = False,
+                   softcap: float | None = None, enable_gqa: bool = False
                    ) -> tuple[Tensor, Tensor | None]:
     """Sliding-window attention that also sees the first ``sink_tokens`` keys.
 
@@ -80,6 +84,8 @@ def sink_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, 
         causal: also require ``j <= p`` (bottom-right aligned).
         scale: score scale (a positive number); None means ``1 / sqrt(D)``.
         need_weights: also return the dense ``(..., L_q, L_k)`` weights.
+        softcap: attention-logit soft-cap ``softcap * tanh(s / softcap)`` (None: none).
+        enable_gqa: ``k``/``v`` have fewer heads (dim -3) than ``q`` (grouped-query).
 
     Returns:
         ``(out, weights)``: ``out`` ``(..., L_q, D_v)``; ``weights`` or None.
@@ -89,15 +95,15 @@ def sink_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, 
             that does not broadcast.
         TypeError: for non-floating inputs or a mask that is neither bool nor floating.
     """
-    check_qkv(q, k, v)
+    check_qkv(q, k, v, enable_gqa=enable_gqa)
     L_q, L_k = q.shape[-2], k.shape[-2]
     allowed = sink_mask(L_q, L_k, window_size, sink_tokens, causal=causal, device=q.device)
     if mask is not None:
         check_mask(mask, (*q.shape[:-2], L_q, L_k))
         allowed = (mask & allowed if mask.dtype == torch.bool
                    else mask.masked_fill(~allowed, float("-inf")))
-    return scaled_dot_product_attention(q, k, v, allowed, scale=scale,
-                                        need_weights=need_weights)
+    return scaled_dot_product_attention(q, k, v, allowed, scale=scale, need_weights=need_weights,
+                                        softcap=softcap, enable_gqa=enable_gqa)
 
 
 class SinkAttention(AttentionKind):
@@ -106,27 +112,33 @@ class SinkAttention(AttentionKind):
     Args:
         window_size: odd ``w >= 1``; a query sees the keys within ``w // 2`` positions.
         sink_tokens: the first keys every query also sees (the paper keeps 4).
+        softcap: attention-logit soft-cap (None: none), as for the other softmax kinds.
 
     Raises:
-        ValueError: for a ``window_size`` that is not an odd positive integer, or a
-            ``sink_tokens`` that is not a non-negative integer.
+        ValueError: for a ``window_size`` that is not an odd positive integer, a
+            ``sink_tokens`` that is not a non-negative integer, or a bad ``softcap``.
     """
 
     supports_dropout = False
+    supports_gqa = True
 
-    def __init__(self, window_size: int, *, sink_tokens: int = 4) -> None:
+    def __init__(self, window_size: int, *, sink_tokens: int = 4,
+                 softcap: float | None = None) -> None:
         super().__init__()
         self.window_size = check_window_size(window_size)
         self.sink_tokens = check_non_negative_int("sink_tokens", sink_tokens)
+        self.softcap = check_softcap(softcap)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
                 causal: bool = False, need_weights: bool = False, dropout_p: float = 0.0,
-                scale: float | None = None) -> tuple[Tensor, Tensor | None]:
+                scale: float | None = None, enable_gqa: bool = False
+                ) -> tuple[Tensor, Tensor | None]:
         """See :func:`sink_attention`; ``dropout_p`` must be 0 (ValueError otherwise)."""
         check_no_dropout(self, dropout_p)
         return sink_attention(q, k, v, mask, window_size=self.window_size,
                               sink_tokens=self.sink_tokens, causal=causal, scale=scale,
-                              need_weights=need_weights)
+                              need_weights=need_weights, softcap=self.softcap,
+                              enable_gqa=enable_gqa)
 
     def pattern(self, L_q: int, L_k: int, *, causal: bool = False) -> Tensor:
         """The dense bool ``(L_q, L_k)`` pattern (:func:`sink_mask`)."""
@@ -138,7 +150,8 @@ class SinkAttention(AttentionKind):
         return SinkWindowKVCache(self.window_size, sink_tokens=self.sink_tokens)
 
     def extra_repr(self) -> str:
-        return f"window_size={self.window_size}, sink_tokens={self.sink_tokens}"
+        cap = "" if self.softcap is None else f", softcap={self.softcap}"
+        return f"window_size={self.window_size}, sink_tokens={self.sink_tokens}{cap}"
 
 
 class SinkWindowKVCache(LayerCache):
@@ -158,8 +171,8 @@ class SinkWindowKVCache(LayerCache):
         self.window_size = check_window_size(window_size)
         self.sink_tokens = check_non_negative_int("sink_tokens", sink_tokens)
         self.keep_last = window_size // 2
-        self._k: Tensor | None = None  # (B, H, n, D)
-        self._v: Tensor | None = None  # (B, H, n, D_v)
+        self._k: Tensor | None = None  # (B, H_kv, n, D)
+        self._v: Tensor | None = None  # (B, H_kv, n, D_v)
         self._pos: Tensor | None = None  # (n,) long: each held key's position
         self._keep: Tensor | None = None  # (B, n) bool, None = no padding held
 
@@ -181,8 +194,8 @@ class SinkWindowKVCache(LayerCache):
         keep_new = _new_key_mask(mask, B, L_new)
         keep_all = _join_keep(self._keep, self.num_keys, keep_new, B, L_new, q.device)
         new_pos = self.seen + torch.arange(L_new, device=q.device)  # (L_new,)
-        k_all = k if self._k is None else torch.cat([self._k, k], dim=2)  # (B, H, L_k, D)
-        v_all = v if self._v is None else torch.cat([self._v, v], dim=2)  # (B, H, L_k, D_v)
+        k_all = k if self._k is None else torch.cat([self._k, k], dim=2)  # (B, H_kv, L_k, D)
+        v_all = v if self._v is None else torch.cat([self._v, v], dim=2)  # (B, H_kv, L_k, D_v)
         pos = new_pos if self._pos is None else torch.cat([self._pos, new_pos])  # (L_k,)
         # (L_new, L_k): the kind's pattern written with the held keys' own positions.
         back = new_pos[:, None] - pos[None, :]
@@ -191,13 +204,15 @@ class SinkWindowKVCache(LayerCache):
         if keep_all is not None:
             allowed = allowed & keep_all[:, None, None, :]  # (B, 1, L_new, L_k)
         out = scaled_dot_product_attention(q, k_all, v_all, allowed, scale=scale,
-                                           need_weights=need_weights)
+                                           need_weights=need_weights,
+                                           softcap=getattr(attention, "softcap", None),
+                                           enable_gqa=kv_groups(q, k) > 1)
         end = self.seen + L_new
         held = (pos < self.sink_tokens) | (pos >= end - self.keep_last)  # (L_k,)
         index = held.nonzero().squeeze(1)  # (n,)
         # index_select copies, so the cache does not keep the whole prompt's storage alive.
-        self._k = k_all.index_select(2, index)  # (B, H, n, D)
-        self._v = v_all.index_select(2, index)  # (B, H, n, D_v)
+        self._k = k_all.index_select(2, index)  # (B, H_kv, n, D)
+        self._v = v_all.index_select(2, index)  # (B, H_kv, n, D_v)
         self._pos = pos[index]
         self._keep = None if keep_all is None else keep_all[:, index]
         self.seen = end
