@@ -33,6 +33,13 @@ from handformer.inspect.lens import (
     similarity_lens,
 )
 from handformer.inspect.points import attention_layers, hook_names, hook_points
+from handformer.inspect.prompt import (
+    AnswerRank,
+    test_prompt,
+    to_single_token,
+    to_str_tokens,
+    to_tokens,
+)
 from handformer.inspect.rollout import attention_rollout, residual_attention
 from handformer.inspect.run import (
     ActivationCache,
@@ -60,6 +67,11 @@ __all__ = [
     "attribution_patching",
     "detect_heads",
     "detection_pattern",
+    "test_prompt",
+    "AnswerRank",
+    "to_str_tokens",
+    "to_tokens",
+    "to_single_token",
     "attention_rollout",
     "residual_attention",
     "attention_flow",
