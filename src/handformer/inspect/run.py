@@ -159,8 +159,8 @@ class ActivationCache(Mapping[str, Tensor]):
         """A layer index with negative values counted from the end."""
         N = self.num_layers
         if isinstance(layer, bool) or not isinstance(layer, int) or not -N <= layer < N:
-            raise KeyError(f"layer {layer!r} is out of range: the model has {N} layers, valid "
-                           f"layers are 0..{N - 1} (or -{N}..-1)")
+            raise KeyError(f"layer {layer!r} is out of range: the model has {N} "
+                           f"layer{'s' * (N != 1)}, valid layers are 0..{N - 1} (or -{N}..-1)")
         return layer % N
 
     def __getitem__(self, key: str | tuple) -> Tensor:
