@@ -163,8 +163,9 @@ def band_partial(q: Tensor, k: Tensor, v: Tensor, *, pos_offset: int, lo: int | 
     L_q, L_k = q.shape[-2], k.shape[-2]
     key_stop = L_k if key_stop is None else min(key_stop, L_k)
     key_start = max(key_start, 0)
+    # (wider bands: the per-block clipping wins)
     if (mask is None and not need_weights and softcap is None and lo is not None
-            and hi is not None and hi - lo < key_stop - key_start):  # wider bands: the per-block clipping wins
+            and hi is not None and hi - lo < key_stop - key_start):
         return _uniform_band(q, k, v, pos_offset, lo, hi, key_start, key_stop, need_lse, block,
                              scale)
     if scale != 1.0:

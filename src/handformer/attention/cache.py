@@ -41,8 +41,8 @@ the decoding step of full attention reads them grouped, the queries reshaped to
 ``(B, H_kv, L_k, D)``, with no copy; full attention over several new tokens passes
 ``enable_gqa=True`` to torch's kernel; the other kinds get repeated keys and values.
 
-Shape letters: ``B`` batch, ``H`` heads (``H_kv`` key/value heads), ``L`` length (``L_new`` new tokens, ``L_k`` keys held),
-``D`` head dim, ``D_v`` value dim.
+Shape letters: ``B`` batch, ``H`` heads (``H_kv`` key/value heads), ``L`` length (``L_new`` new
+tokens, ``L_k`` keys held), ``D`` head dim, ``D_v`` value dim.
 """
 
 from __future__ import annotations
@@ -324,18 +324,27 @@ class StaticKVCache(LayerCache):
 
     Only for attention kinds that attend to every allowed key (full attention): a kind with
     its own pattern (local, strided) places it relative to the last key, which here is the
-    end of the buffer.
+    end of the buffer. A causal sliding-window layer (``LocalAttention(w, causal=True)``) is
+    served by ``window_size=w``: its window goes into the key mask (``slot of the query -
+    w // 2 <= j``) and the attention is full attention with the layer's soft-cap, the same
+    numbers as the rolling window (it holds every token, not just the window).
 
     Args:
         capacity: the most tokens the cache will hold (prompt plus new tokens).
+        window_size: a causal sliding window (odd) to apply through the key mask; None:
+            none.
+        softcap: the sliding-window layer's soft-cap (only with ``window_size``).
 
     Raises:
         ValueError: for a ``capacity`` that is not a positive integer; when more tokens
             than ``capacity`` are fed.
     """
 
-    def __init__(self, capacity: int) -> None:  # no super().__init__(): ``seen`` is derived
+    def __init__(self, capacity: int, *, window_size: int | None = None,
+                 softcap: float | None = None) -> None:  # no super().__init__(): see seen
         self.capacity = _check_capacity(capacity)
+        self.window_size = None if window_size is None else check_window_size(window_size)
+        self._window_kind = None if window_size is None else FullAttention(softcap=softcap)
         self._k: Tensor | None = None  # (B, H, capacity, D)
         self._v: Tensor | None = None  # (B, H, capacity, D_v)
         self._filled: Tensor | None = None  # (B, capacity) bool: a real token in this slot
@@ -385,8 +394,11 @@ class StaticKVCache(LayerCache):
         if keep_new is not None:
             self._filled.index_copy_(1, slots, keep_new)
         # (B, 1, L_new, capacity): a written, real key at or before the query's own slot.
-        key_mask = (self._filled[:, None, None, :]
-                    & (self._key_pos <= slots[:, None])[None, None])
+        reach = self._key_pos <= slots[:, None]  # (L_new, capacity)
+        if self.window_size is not None:  # ... and within the sliding window
+            reach = reach & (self._key_pos >= slots[:, None] - self.window_size // 2)
+            attention = self._window_kind
+        key_mask = self._filled[:, None, None, :] & reach[None, None]
         self._slot += L_new
         return _attend_held(attention, q, self._k, self._v, key_mask, keep_new is None,
                             causal=False, need_weights=need_weights, dropout_p=dropout_p,
@@ -443,6 +455,34 @@ class WindowKVCache(LayerCache):
         self._keep = None if keep_all is None else keep_all[:, start:].clone()
         self.seen += L_new
         return out
+
+
+    def push(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Add the keys and values of real new tokens, with no checks (a trusted caller).
+
+        What :class:`~handformer.models.plain_step.PlainDecodeStep` calls for each new token
+        of a sliding-window layer: the held window plus the new keys (every one of them
+        within the window of a single new query), then the window rolls on.
+
+        Args:
+            k: ``(B, H, L_new, D)`` keys of real tokens (no padding among them).
+            v: ``(B, H, L_new, D_v)`` their values.
+
+        Returns:
+            ``(keys, values, key_mask)``: ``(B, H, L_k, D)``, ``(B, H, L_k, D_v)`` and the
+            ``(B, 1, 1, L_k)`` bool key mask (None when no padding is held).
+        """
+        B, _, L_new, _ = k.shape
+        keep_all = (None if self._keep is None
+                    else _join_keep(self._keep, self.num_keys, None, B, L_new, k.device))
+        k_all = k if self._k is None else torch.cat([self._k, k], dim=2)  # (B, H, L_k, D)
+        v_all = v if self._v is None else torch.cat([self._v, v], dim=2)  # (B, H, L_k, D_v)
+        start = k_all.shape[2] - min(self.keep_last, k_all.shape[2])
+        # views of a window-sized tensor (no clone needed: it holds nothing more)
+        self._k, self._v = k_all[:, :, start:], v_all[:, :, start:]
+        self._keep = None if keep_all is None else keep_all[:, start:]
+        self.seen += L_new
+        return k_all, v_all, None if keep_all is None else keep_all[:, None, None, :]
 
 
 class LinearStateCache(LayerCache):
@@ -506,7 +546,8 @@ def cache_for(attention: AttentionKind, *, capacity: int | None = None,
 
     A kind with a ``new_cache(capacity=..., static=...)`` method makes its own
     (:class:`~handformer.attention.sinks.SinkAttention`). Local attention gets a
-    :class:`WindowKVCache`, linear attention a
+    :class:`WindowKVCache` (with ``static=True``, a causal local kind a
+    :class:`StaticKVCache` with its window), linear attention a
     :class:`LinearStateCache` (both of a fixed size already), full attention a
     :class:`KVCache` (a :class:`StaticKVCache` with ``static=True``), every other kind
     (strided, ...) a :class:`KVCache`.
@@ -529,6 +570,9 @@ def cache_for(attention: AttentionKind, *, capacity: int | None = None,
     if callable(make):  # a kind that knows its own cache (SinkAttention)
         return make(capacity=capacity, static=static)
     if isinstance(attention, LocalAttention):
+        if static and attention.causal:  # a decoder's sliding-window layer, compiled
+            return StaticKVCache(capacity, window_size=attention.window_size,
+                                 softcap=attention.softcap)
         return WindowKVCache(attention.window_size)
     if isinstance(attention, LinearAttention):
         return LinearStateCache()

@@ -6,9 +6,10 @@ Every kind is called as::
         -> (out, weights | None)
 
 (:class:`FullAttention` also takes ``enable_gqa=True``: keys and values with fewer heads than
-the queries, grouped-query attention), with ``q: (..., L_q, D)``, ``k: (..., L_k, D)``, ``v: (..., L_k, D_v)``, exactly like the
-functions (:func:`~handformer.attention.functional.scaled_dot_product_attention`,
-``local_attention``, ``strided_attention``, ``linear_attention``), whose pattern parameters
+the queries, grouped-query attention), with ``q: (..., L_q, D)``, ``k: (..., L_k, D)``,
+``v: (..., L_k, D_v)``, exactly like the functions
+(:func:`~handformer.attention.functional.scaled_dot_product_attention`, ``local_attention``,
+``strided_attention``, ``linear_attention``), whose pattern parameters
 (``window_size=``, ``stride=``, ...) are keyword-only and held by the kind instead.
 ``scale=None`` is each kind's default (``1 / sqrt(D)`` for the softmax kinds, 1 for linear
 attention, where it multiplies ``q`` before the feature map). ``MultiHeadAttention``
