@@ -177,3 +177,80 @@ def test_bad_inputs() -> None:
     _, cache = run_with_cache(post, torch.randint(0, V, (1, 4)))
     with pytest.raises(ValueError, match="needs a pre-norm model"):
         cache.decompose_resid()
+
+
+def modern(*, gemma: bool, seed: int = 7) -> hf.CausalLM:
+    """A tiny Llama-shaped (RMSNorm, gated SiLU MLP, GQA, RoPE, no biases) or Gemma-shaped
+    (RMSNorm with 1 + w, sandwich norms, embedding scale, QK-norm, soft-caps, GQA) model."""
+    options = dict(vocab_size=V, max_len=32, d_model=16, num_heads=4, num_kv_heads=2,
+                   num_layers=3, d_ff=32, positional="rotary", norm="rms", mlp="gated",
+                   activation="silu", bias=False, tie_weights=False)
+    if gemma:
+        options.update(norm_offset=1.0, sandwich_norm=True, embed_scale=4.0, qk_norm=True,
+                       attn_softcap=20.0, final_softcap=3.0, activation="gelu_tanh",
+                       tie_weights=True)
+    torch.manual_seed(seed)
+    model = hf.CausalLM(hf.CausalLMConfig(**options))
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.4)
+    return model.double().eval()
+
+
+def pre_cap_logits(model: hf.CausalLM, cache: object) -> torch.Tensor:
+    """The logits before the final soft-cap, from the final stream through the modules."""
+    return model.lm_head(model.norm(cache["resid_post", -1]))
+
+
+@pytest.mark.parametrize("gemma", [False, True], ids=["llama", "gemma"])
+def test_modern_models_add_up(gemma: bool) -> None:
+    model = modern(gemma=gemma)
+    ids = torch.randint(0, V, (2, 8))
+    out, cache = run_with_cache(model, ids)
+    logits = pre_cap_logits(model, cache)
+    if not gemma:
+        torch.testing.assert_close(logits, out.logits)
+    for stack in (cache.decompose_resid(return_labels=True),
+                  cache.stack_head_results(incl_remainder=True, return_labels=True)):
+        attrs, labels = cache.logit_attrs(stack, torch.tensor([3, 9]), torch.tensor([5, 1]),
+                                          incl_bias=True)
+        expected = torch.stack([logits[0, :, 3] - logits[0, :, 5],
+                                logits[1, :, 9] - logits[1, :, 1]])
+        torch.testing.assert_close(attrs.sum(0), expected, atol=1e-10, rtol=1e-10)
+        assert labels[-1] == "bias" and float(attrs[-1].abs().max()) == 0.0  # no biases
+    if gemma:
+        # the model's own logits are capped: the attributions are of the logit before the cap
+        assert (out.logits - logits).abs().max() > 0.1
+        torch.testing.assert_close(out.logits, 3.0 * torch.tanh(logits / 3.0))
+
+
+def test_gemma_heads_add_up_to_attn_out_through_the_frozen_post_norm() -> None:
+    model = modern(gemma=True, seed=8)
+    _, cache = run_with_cache(model, torch.randint(0, V, (2, 6)))
+    _, no_scale = run_with_cache(model, torch.randint(0, V, (2, 6)),
+                                 names=lambda n: "ln1_post" not in n)
+    heads = cache.stack_head_results()
+    for layer in range(3):
+        torch.testing.assert_close(heads[layer * 4:(layer + 1) * 4].sum(0),
+                                   cache["attn_out", layer], atol=1e-10, rtol=1e-10)
+    # without the cached post-norm divisor it is recomputed from the heads' sum: the same
+    again = no_scale.stack_head_results()
+    for layer in range(3):
+        torch.testing.assert_close(again[layer * 4:(layer + 1) * 4].sum(0),
+                                   no_scale["attn_out", layer], atol=1e-10, rtol=1e-10)
+    # the raw head results (before the post-norm) do not add up to attn_out
+    raw = cache["result", 0].sum(2)
+    assert (raw - cache["attn_out", 0]).abs().max() > 1e-2
+
+
+def test_gemma_direction_uses_one_plus_w() -> None:
+    """The unit offset of Gemma's norm is part of the direction: with w alone it is wrong."""
+    model = modern(gemma=True, seed=9)
+    _, cache = run_with_cache(model, torch.randint(0, V, (1, 5)))
+    stack = cache.decompose_resid(pos_slice=-1)
+    logits = pre_cap_logits(model, cache)[:, -1]
+    attrs = cache.logit_attrs(stack, 4, pos_slice=-1, incl_bias=True)
+    torch.testing.assert_close(attrs.sum(0), logits[:, 4], atol=1e-10, rtol=1e-10)
+    scaled = cache.apply_ln_to_stack(stack, pos_slice=-1)
+    without_offset = (scaled * model.lm_head.weight[4] * model.norm.weight).sum(-1).sum(0)
+    assert (without_offset - logits[:, 4]).abs().max() > 1e-2
+    assert model.norm.offset == 1.0
