@@ -36,9 +36,34 @@ from handformer.inspect.ablation import (
     patch_target,
 )
 from handformer.inspect.points import hook_points, select_names
-from handformer.inspect.run import _call, hooks, run_with_cache
+from handformer.inspect.run import _call, hooks
 
 __all__ = ["attribution_patching"]
+
+
+class _Enough(Exception):  # noqa: N818 - control flow, never seen outside this module
+    """Raised by the last hook of the clean run: the rest of the forward is not needed."""
+
+
+def _clean_activations(model: nn.Module, clean: Inputs, names: list[str]) -> dict[str, Tensor]:
+    """The clean run's activations at ``names``; the forward stops once it has the last one
+    (the layers after it and the unembedding are not computed)."""
+    kept: dict[str, Tensor] = {}
+
+    def keep(t: Tensor, name: str) -> None:
+        kept[name] = t.detach()
+        if len(kept) == len(names):
+            raise _Enough
+
+    try:
+        with torch.no_grad(), hooks(model, dict.fromkeys(names, keep)):
+            _call(model, (clean,), {})
+    except _Enough:
+        pass
+    missing = [n for n in names if n not in kept]
+    if missing:
+        raise ValueError(f"the clean run never reached {missing[0]!r}")
+    return kept
 
 
 def attribution_patching(model: nn.Module, clean: Inputs | list[Inputs],
@@ -77,8 +102,7 @@ def attribution_patching(model: nn.Module, clean: Inputs | list[Inputs],
     N, _ = _shape(model, prefix)
     names = [f"{prefix}blocks.{layer}.{where}" for layer in range(N)]
     select_names(hook_points(model), names)  # a KeyError naming it if the model lacks it
-    with torch.no_grad():
-        _, cache = run_with_cache(model, clean, names=names)
+    clean_acts = _clean_activations(model, clean, names)
 
     params = [p for p in model.parameters() if p.requires_grad]
     seen: dict[str, tuple[Tensor, Tensor]] = {}  # name -> (corrupted activation, delta)
@@ -110,7 +134,7 @@ def attribution_patching(model: nn.Module, clean: Inputs | list[Inputs],
         if grad is None:  # the metric does not depend on this activation
             rows.append(torch.zeros(corrupt.shape[dim], dtype=torch.float64))
             continue
-        diff = cache[name].double() - corrupt.double()
+        diff = clean_acts[name].double() - corrupt.double()
         effect = diff * grad.double()
         other = [d for d in range(effect.dim()) if d != dim]
         rows.append(effect.sum(other).cpu())  # (heads,) or (L,)
