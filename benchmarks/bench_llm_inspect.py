@@ -56,28 +56,55 @@ def random_model() -> CausalLM:
     return CausalLM(CausalLMConfig(**settings)).eval()
 
 
-def load(source: str | None) -> tuple[CausalLM, str]:
+def load(source: str | None) -> tuple[CausalLM, object, str]:
+    """The model, its tokenizer (None for the random model) and a name."""
     if source is None:
         model = random_model()
-        return model, f"random {model.config.num_layers}-layer model of SmolLM2-135M's shape"
-    from handformer.pretrained.lm import load_lm
+        name = f"random {model.config.num_layers}-layer model of SmolLM2-135M's shape"
+        return model, None, name
+    from bench_sinks import load as load_with_tokenizer
 
-    model, _ = load_lm(source, tokenizer=False)
-    return model.eval(), str(source)
+    model, tokenizer = load_with_tokenizer(source)
+    return model.eval(), tokenizer, str(source)
+
+
+IOI = ("When Mary and John went to the store, John gave a drink to",
+       "When Mary and John went to the store, Mary gave a drink to", " Mary", " John")
+
+
+def ioi_agreement(model: CausalLM, tokenizer: object) -> dict[str, object]:
+    """Attribution patching vs exact per-head patching on the IOI pair (Pearson r)."""
+    from handformer.inspect import to_single_token, to_tokens
+
+    clean, corrupted = to_tokens(tokenizer, IOI[0]), to_tokens(tokenizer, IOI[1])
+    if clean.shape != corrupted.shape:
+        return {"skipped": "the two prompts tokenize to different lengths"}
+    right, wrong = to_single_token(tokenizer, IOI[2]), to_single_token(tokenizer, IOI[3])
+
+    def logit_diff(out: object) -> torch.Tensor:
+        return out.logits[0, -1, right] - out.logits[0, -1, wrong]
+
+    with torch.inference_mode():
+        diff = float(logit_diff(model(clean)))
+    exact = patching_sweep(model, clean, corrupted, logit_diff, hook="z", progress=False)
+    estimate = attribution_patching(model, clean, corrupted, logit_diff, hook="z")
+    r = float(torch.corrcoef(torch.stack([estimate.flatten(), exact.flatten()]))[0, 1])
+    top = [divmod(int(i), exact.shape[1]) for i in exact.flatten().abs().argsort()[-5:].flip(0)]
+    return {"clean_logit_diff": diff, "pearson_r": r, "top_heads_exact": top}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="a causal LM source for load_lm")
     args = parser.parse_args()
-    model, name = load(args.model)
+    model, tokenizer, name = load(args.model)
     for p in model.parameters():
         p.requires_grad_(False)
     N = len(model.layers)
     H = model.layers[0].self_attn.num_heads
     V = model.lm_head.weight.shape[0]
     torch.manual_seed(1)
-    ids = torch.randint(100, min(V, 20000), (1, TOKENS))
+    ids = torch.randint(min(100, V // 2), min(V, 20000), (1, TOKENS))
     corrupted = ids.clone()
     corrupted[0, TOKENS // 2] = (corrupted[0, TOKENS // 2] + 1) % V
     nxt = torch.cat([ids[:, 1:], ids[:, :1]], 1)  # (1, L): the next token at each position
@@ -132,6 +159,7 @@ def main() -> None:
     if final_softcap:  # attributions are of the logit before the cap
         reference = final_softcap * torch.atanh(reference / final_softcap)
     add_up = float((total - reference).abs().max())
+    ioi = ioi_agreement(model, tokenizer) if tokenizer is not None else None
     ratios = {"attribution_vs_cache": med["attribution"] / med["cache_all"],
               "attr_patching_vs_forward": med["attr_patching"] / med["forward"],
               "no_hooks_vs_stripped": med["forward"] / med["stripped"]}
@@ -139,7 +167,7 @@ def main() -> None:
     data = {"machine": machine(), "model": name, "layers": N, "heads": H, "tokens": TOKENS,
             "median_s": med, "ratios": ratios, "targets": TARGETS,
             "patching_sweep_s": sweep_s, "attr_vs_exact_pearson_r": r,
-            "attributions_add_up_max_error": add_up}
+            "attributions_add_up_max_error": add_up, "ioi": ioi}
     rows = [
         (f"attribution of every head and component ({N * H} heads, {TOKENS} positions) / "
          "`run_with_cache`", f"{ratios['attribution_vs_cache']:.2f}x", "<= 1.5x",
@@ -169,6 +197,10 @@ attribution patching {med['attr_patching'] * 1e3:.1f} ms; exact `patching_sweep`
 changed): Pearson r = {r:.3f}. Head attributions plus the bias term add up to the logits
 within {add_up:.1e}.
 """
+    if ioi and "pearson_r" in ioi:
+        md += (f"\nIOI pair ({IOI[0]!r} vs {IOI[1]!r}): logit({IOI[2]!r}) - "
+               f"logit({IOI[3]!r}) = {ioi['clean_logit_diff']:.2f}; attribution patching vs "
+               f"exact per-head patching: Pearson r = {ioi['pearson_r']:.3f}.\n")
     write_results("llm_inspect", data, md)
     print(md)
 
