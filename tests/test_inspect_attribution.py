@@ -254,3 +254,14 @@ def test_gemma_direction_uses_one_plus_w() -> None:
     without_offset = (scaled * model.lm_head.weight[4] * model.norm.weight).sum(-1).sum(0)
     assert (without_offset - logits[:, 4]).abs().max() > 1e-2
     assert model.norm.offset == 1.0
+
+
+@pytest.mark.parametrize("gemma", [False, True], ids=["llama", "gemma"])
+def test_head_results_from_hook_z_equal_the_cached_hook_result(gemma: bool) -> None:
+    model = modern(gemma=gemma, seed=10)
+    ids = torch.randint(0, V, (2, 6))
+    _, full = run_with_cache(model, ids)
+    _, no_result = run_with_cache(model, ids, names=lambda n: not n.endswith("hook_result"))
+    assert "blocks.0.attn.hook_result" in full and "blocks.0.attn.hook_result" not in no_result
+    torch.testing.assert_close(no_result.stack_head_results(pos_slice=[1, 5]),
+                               full.stack_head_results(pos_slice=[1, 5]))
