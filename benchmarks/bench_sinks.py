@@ -5,11 +5,12 @@ Every layer's attention is swapped for the kind under test (its soft-cap kept): 
 attention as loaded; ``LocalAttention(511, causal=True)`` (each query sees its last 256
 keys); ``SinkAttention(511, sink_tokens=4)``. The text is the English tutorial, cut to
 ``--tokens`` tokens (2,000 by default). One forward per kind gives every position's
-next-token loss (what decoding with the kind's rolling cache gives, see tests/test_sinks.py).
+next-token loss (what decoding with the kind's rolling cache gives, see tests/test_sinks.py);
+their rolling means go into the JSON for the plot of ``docs/make_benchmarks.py``.
 
 Usage: ``python benchmarks/bench_sinks.py [--model SOURCE] [--tokens N] [--window W]``:
 ``SOURCE`` any causal LM ``load_lm`` takes (default the shipped SmolLM2-135M-Instruct).
-Writes ``results/sinks.{json,md,png}``.
+Writes ``results/sinks.{json,md}``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, machine, machine_line, write_results  # noqa: E402
+from common import machine, machine_line, write_results  # noqa: E402
 from handformer.attention import LocalAttention, SinkAttention  # noqa: E402
 
 TEXT = Path(__file__).resolve().parents[1] / "docs" / "tutorial.en.md"
@@ -90,10 +91,11 @@ def main() -> None:
         layer.self_attn.attention = old
     ppl = {k: math.exp(float(v.mean())) for k, v in losses.items()}
     past = {k: math.exp(float(v[args.window:].mean())) for k, v in losses.items()}
-    plot = _plot(losses, args.window)
+    positions, curves = _curves(losses)
     data = {"machine": machine(), "model": args.model, "tokens": ids.shape[1],
             "window": args.window, "sinks": args.sinks, "perplexity": ppl,
-            "perplexity_past_window": past, "seconds": seconds, "plot": plot}
+            "perplexity_past_window": past, "seconds": seconds,
+            "curve_positions": positions, "curves": curves}
     rows = "\n".join(f"| {k} | {ppl[k]:.2f} | {past[k]:.2f} | {seconds[k]:.1f} s |"
                      for k in kinds)
     md = f"""# Attention sinks (StreamingLLM)
@@ -106,30 +108,22 @@ tutorial · every layer's attention swapped.
 | attention | perplexity | perplexity after token {args.window} | forward |
 |---|---|---|---|
 {rows}
-
-![next-token loss by position]({plot})
 """
     write_results("sinks", data, md)
     print(md)
 
 
-def _plot(losses: dict[str, torch.Tensor], window: int) -> str:
-    """Rolling mean of the next-token loss by position; returns the file name."""
-    from handformer.viz.heatmap import _new_figure, save_figure
-
-    fig = _new_figure(6.0, 3.0)
-    ax = fig.add_subplot()
-    span = 64
+def _curves(losses: dict[str, torch.Tensor], span: int = 64, step: int = 8
+            ) -> tuple[list[int], dict[str, list[float]]]:
+    """Rolling means of ``span`` next-token losses, every ``step`` positions (for the plot
+    ``docs/make_benchmarks.py`` draws)."""
+    kernel = torch.ones(1, 1, span, dtype=torch.float64) / span
+    curves = {}
     for label, values in losses.items():
-        kernel = torch.ones(span, dtype=torch.float64) / span
-        smooth = torch.nn.functional.conv1d(values[None, None], kernel[None, None])[0, 0]
-        ax.plot(range(span, span + smooth.shape[0]), smooth.numpy(), label=label, lw=1.2)
-    ax.axvline(window // 2 + 1, color="grey", lw=0.8, ls="--")
-    ax.set_xlabel("position")
-    ax.set_ylabel(f"next-token loss (mean of {span})")
-    ax.legend(fontsize=7)
-    save_figure(fig, RESULTS / "sinks.png")
-    return "sinks.png"
+        smooth = F.conv1d(values[None, None], kernel)[0, 0]  # (L - span,)
+        curves[label] = [round(float(v), 4) for v in smooth[::step]]
+    positions = list(range(span, span + step * len(next(iter(curves.values()))), step))
+    return positions, curves
 
 
 if __name__ == "__main__":
