@@ -40,13 +40,10 @@ heads, ``D`` head dim, ``E`` model dim, ``V`` vocabulary.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
-
-if TYPE_CHECKING:
-    from handformer.inspect.run import ActivationCache
 
 __all__ = [
     "accumulated_resid",
@@ -60,6 +57,9 @@ __all__ = [
 ]
 
 PosSlice = int | slice | Sequence[int] | Tensor | None
+# An ActivationCache (handformer.inspect.run), which calls these functions from its methods:
+# this module does not import it, so that the two do not import each other.
+ActivationCache = Any
 MODES = ("all", "attn", "mlp")
 
 

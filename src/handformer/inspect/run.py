@@ -20,6 +20,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from handformer.hooks import HookFn, HookPoint, active_hooks
+from handformer.inspect import attribution
 from handformer.inspect.points import (
     NameSpec,
     hook_points,
@@ -207,8 +208,6 @@ class ActivationCache(Mapping[str, Tensor]):
                           apply_ln: bool = False, pos_slice: PosSlice = None,
                           mlp_input: bool = False, return_labels: bool = False) -> Any:
         """See :func:`handformer.inspect.attribution.accumulated_resid`."""
-        from handformer.inspect import attribution
-
         return attribution.accumulated_resid(
             self, layer, incl_mid=incl_mid, apply_ln=apply_ln, pos_slice=pos_slice,
             mlp_input=mlp_input, return_labels=return_labels)
@@ -217,8 +216,6 @@ class ActivationCache(Mapping[str, Tensor]):
                         mode: str = "all", apply_ln: bool = False, pos_slice: PosSlice = None,
                         incl_embeds: bool = True, return_labels: bool = False) -> Any:
         """See :func:`handformer.inspect.attribution.decompose_resid`."""
-        from handformer.inspect import attribution
-
         return attribution.decompose_resid(
             self, layer, mlp_input=mlp_input, mode=mode, apply_ln=apply_ln,
             pos_slice=pos_slice, incl_embeds=incl_embeds, return_labels=return_labels)
@@ -227,8 +224,6 @@ class ActivationCache(Mapping[str, Tensor]):
                            incl_remainder: bool = False, pos_slice: PosSlice = None,
                            apply_ln: bool = False) -> Any:
         """See :func:`handformer.inspect.attribution.stack_head_results`."""
-        from handformer.inspect import attribution
-
         return attribution.stack_head_results(
             self, layer, return_labels=return_labels, incl_remainder=incl_remainder,
             pos_slice=pos_slice, apply_ln=apply_ln)
@@ -237,30 +232,22 @@ class ActivationCache(Mapping[str, Tensor]):
                           mlp_input: bool = False, pos_slice: PosSlice = None,
                           recompute: bool = False) -> Tensor:
         """See :func:`handformer.inspect.attribution.apply_ln_to_stack`."""
-        from handformer.inspect import attribution
-
         return attribution.apply_ln_to_stack(self, stack, layer, mlp_input=mlp_input,
                                              pos_slice=pos_slice, recompute=recompute)
 
     def logit_attrs(self, stack: Any, tokens: Any, incorrect_tokens: Any = None,
                     pos_slice: PosSlice = None, *, incl_bias: bool = False) -> Any:
         """See :func:`handformer.inspect.attribution.logit_attrs`."""
-        from handformer.inspect import attribution
-
         return attribution.logit_attrs(self, stack, tokens, incorrect_tokens, pos_slice,
                                        incl_bias=incl_bias)
 
     def logit_bias(self, tokens: Any, incorrect_tokens: Any = None,
                    pos_slice: PosSlice = None) -> Tensor:
         """See :func:`handformer.inspect.attribution.logit_bias`."""
-        from handformer.inspect import attribution
-
         return attribution.logit_bias(self, tokens, incorrect_tokens, pos_slice)
 
     def tokens_to_residual_directions(self, tokens: Any) -> Tensor:
         """See :func:`handformer.inspect.attribution.tokens_to_residual_directions`."""
-        from handformer.inspect import attribution
-
         return attribution.tokens_to_residual_directions(self.model, tokens)
 
 
