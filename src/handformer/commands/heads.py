@@ -60,7 +60,8 @@ def _check(args: argparse.Namespace) -> None:
         texts = (("the prompt", args.text_a),)
     for name, text in texts:
         if not text.strip():
-            raise UsageError(f"{name} is empty")
+            raise UsageError(f"{name} is empty; give two sentences" if args.metric == "cosine"
+                             else f"{name} is empty")
 
 
 def _load_causal_lm(path: str) -> tuple[object, object]:
