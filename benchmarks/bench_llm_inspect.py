@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
 import sys
 import time
@@ -97,6 +98,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="a causal LM source for load_lm")
     args = parser.parse_args()
+    load_start = os.getloadavg()[0]
     model, tokenizer, name = load(args.model)
     for p in model.parameters():
         p.requires_grad_(False)
@@ -167,7 +169,8 @@ def main() -> None:
     data = {"machine": machine(), "model": name, "layers": N, "heads": H, "tokens": TOKENS,
             "median_s": med, "ratios": ratios, "targets": TARGETS,
             "patching_sweep_s": sweep_s, "attr_vs_exact_pearson_r": r,
-            "attributions_add_up_max_error": add_up, "ioi": ioi}
+            "attributions_add_up_max_error": add_up, "ioi": ioi,
+            "load_average_start_end": [round(load_start, 2), round(os.getloadavg()[0], 2)]}
     rows = [
         (f"attribution of every head and component ({N * H} heads, {TOKENS} positions) / "
          "`run_with_cache`", f"{ratios['attribution_vs_cache']:.2f}x", "<= 1.5x",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -66,6 +67,7 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=511)
     parser.add_argument("--sinks", type=int, default=4)
     args = parser.parse_args()
+    load_start = os.getloadavg()[0]
     model, tokenizer = load(args.model)
     model.eval()
     ids = tokenizer.encode(TEXT.read_text(encoding="utf-8"))[:args.tokens]
@@ -95,7 +97,8 @@ def main() -> None:
     data = {"machine": machine(), "model": args.model, "tokens": ids.shape[1],
             "window": args.window, "sinks": args.sinks, "perplexity": ppl,
             "perplexity_past_window": past, "seconds": seconds,
-            "curve_positions": positions, "curves": curves}
+            "curve_positions": positions, "curves": curves,
+            "load_average_start_end": [round(load_start, 2), round(os.getloadavg()[0], 2)]}
     rows = "\n".join(f"| {k} | {ppl[k]:.2f} | {past[k]:.2f} | {seconds[k]:.1f} s |"
                      for k in kinds)
     md = f"""# Attention sinks (StreamingLLM)
