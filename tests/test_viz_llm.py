@@ -50,3 +50,39 @@ def test_plot_head_scores(cache: object, tmp_path: Path) -> None:
     assert imread(save_figure(fig, tmp_path / "scores.png")).shape[0] > 100
     with pytest.raises(ValueError, match=r"scores must be \(num_layers, num_heads\)"):
         plot_head_scores(scores[0])
+
+
+def test_viz_attribution_on_a_causal_folder(tmp_path: Path) -> None:
+    import contextlib
+    import io
+
+    from handformer.cli import main
+    from handformer.train.data import CharVocab
+    from serve_util import causal_folder
+
+    folder = causal_folder(tmp_path / "model")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["viz", "the cat sat", "--model", str(folder), "--attribution",
+                     "--out", str(tmp_path / "o")]) == 0
+    text = out.getvalue()
+    for name in ("attribution.png", "attribution_heads.png"):
+        assert (tmp_path / "o" / name).is_file() and f"{name}" in text
+    line = next(x for x in text.splitlines() if x.startswith("next token"))
+    model = hf.CausalLM.from_pretrained(folder)
+    ids = torch.tensor([CharVocab.load(folder / "vocab.json").encode("the cat sat")])
+    with torch.no_grad():
+        top = model(ids).logits[0, -1].max()
+    assert float(line.split("logit ")[1].split(",")[0]) == pytest.approx(float(top), abs=1e-3)
+
+
+def test_viz_attribution_refuses_an_encoder(tmp_path: Path) -> None:
+    import contextlib
+    import io
+
+    from handformer.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["viz", "a b", "--attribution", "--out", str(tmp_path)])
+    assert code == 2 and "--attribution needs a causal language model" in err.getvalue()
