@@ -121,6 +121,8 @@ def test_bad_arguments() -> None:
         SinkAttention(4)
     with pytest.raises(ValueError, match="sink_tokens must be a non-negative integer"):
         SinkAttention(5, sink_tokens=-1)
+    with pytest.raises(ValueError, match="no static \\(fixed-shape\\) cache"):
+        cache_for(SinkAttention(5), capacity=8, static=True)
     with pytest.raises(ValueError, match="does not apply dropout"):
         SinkAttention(5)(torch.randn(1, 3, 4), torch.randn(1, 3, 4), torch.randn(1, 3, 4),
                          dropout_p=0.1)

@@ -145,8 +145,16 @@ class SinkAttention(AttentionKind):
         return sink_mask(L_q, L_k, self.window_size, self.sink_tokens, causal=causal)
 
     def new_cache(self, *, capacity: int | None = None, static: bool = False) -> LayerCache:
-        """The decoding cache of this kind (``capacity`` and ``static`` do not apply: its
-        size is fixed)."""
+        """The decoding cache of this kind (``capacity`` does not apply: its size is bounded
+        by the window).
+
+        Raises:
+            ValueError: for ``static=True`` (a fixed-shape cache for ``torch.compile``): the
+                held keys change shape until the window is full.
+        """
+        if static:
+            raise ValueError("SinkAttention has no static (fixed-shape) cache for "
+                             "torch.compile; generate with compile=False")
         return SinkWindowKVCache(self.window_size, sink_tokens=self.sink_tokens)
 
     def extra_repr(self) -> str:
