@@ -15,7 +15,7 @@ import torch
 
 from handformer.serve.compute import _header, ablated, encode, visible
 from handformer.serve.state import ModelState
-from handformer.serve.validation import RunRequest
+from handformer.serve.validation import RequestError, RunRequest
 
 __all__ = ["attribution"]
 
@@ -24,14 +24,15 @@ def attribution(state: ModelState, req: RunRequest) -> dict[str, object]:
     """The attribution of the top next token's logit, per component and per head.
 
     Raises:
-        NotImplementedError: for an encoder (there is no next token to attribute).
+        RequestError: for an encoder (there is no next token to attribute; answered 422, as
+            ``/api/generate`` on an encoder).
     """
     from handformer.inspect import run_with_cache
     from handformer.viz.llm_plots import head_grid
 
     if not state.causal:
-        raise NotImplementedError("/api/attribution needs a causal language model (the logit "
-                                  "of the next token); this server has an encoder")
+        raise RequestError(None, f"{state.name} is an encoder; /api/attribution needs a causal "
+                                 "language model (it splits the next token's logit)")
     model = state.variant(req.attention)
     enc = encode(state, req.text)
     with torch.inference_mode(), ablated(model, req.heads):
