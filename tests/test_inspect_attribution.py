@@ -265,3 +265,16 @@ def test_head_results_from_hook_z_equal_the_cached_hook_result(gemma: bool) -> N
     assert "blocks.0.attn.hook_result" in full and "blocks.0.attn.hook_result" not in no_result
     torch.testing.assert_close(no_result.stack_head_results(pos_slice=[1, 5]),
                                full.stack_head_results(pos_slice=[1, 5]))
+
+
+@pytest.mark.parametrize("pos_slice", [-1, slice(2, 5), [0, 6]], ids=["int", "slice", "list"])
+def test_position_slices_add_up_with_and_without_the_cached_post_norm_scale(pos_slice) -> None:
+    model = modern(gemma=True, seed=11)
+    ids = torch.randint(0, V, (2, 7))
+    _, cache = run_with_cache(model, ids)
+    _, without = run_with_cache(model, ids, names=lambda n: "ln1_post" not in n)
+    expected = pre_cap_logits(model, cache)[:, pos_slice, 4]
+    for c in (cache, without):
+        stack = c.stack_head_results(pos_slice=pos_slice, incl_remainder=True)
+        attrs = c.logit_attrs(stack, 4, pos_slice=pos_slice, incl_bias=True)
+        torch.testing.assert_close(attrs.sum(0), expected, atol=1e-10, rtol=1e-10)
