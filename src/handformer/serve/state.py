@@ -220,4 +220,4 @@ class ModelState:
                 "default_attention": self.default_attention.as_dict(),
                 "device": str(self.device),
                 "endpoints": ["/api/model", "/api/run", "/api/ablate", "/api/rollout"]
-                + (["/api/generate"] if self.causal else [])}
+                + (["/api/generate", "/api/attribution"] if self.causal else [])}
