@@ -8,8 +8,7 @@ Three metrics, each measured with every head ablated in turn:
   the model's log-probability of TEXT_B right after TEXT_A;
 * ``logit-diff`` (a causal LM): ``logit(--answer) - logit(--wrong)`` after the prompt TEXT_A.
 
-Without ``--metric``: ``logit-diff`` when ``--answer`` is given, else ``logprob`` for a causal
-LM and ``cosine`` for an encoder.
+Without ``--metric``: ``logprob`` for a causal LM, ``cosine`` for an encoder.
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metric", choices=METRICS, default=None,
                         help="cosine (two sentences, an encoder), logprob (a causal LM: "
                              "log p(TEXT_B | TEXT_A)) or logit-diff (a causal LM, a prompt, "
-                             "--answer and --wrong); default: from the model and --answer")
+                             "--answer and --wrong); default: logprob for a causal LM, else cosine")
     parser.add_argument("--answer", metavar="TOKEN", default=None,
                         help="with --metric logit-diff: the expected next token, e.g. ' Mary'")
     parser.add_argument("--wrong", metavar="TOKEN", default=None,
@@ -59,8 +58,7 @@ def _metric(args: argparse.Namespace) -> str:
     from handformer.commands.common import is_causal_model
 
     causal = is_causal_model(args.model, "heads")
-    metric = args.metric or ("logit-diff" if args.answer is not None
-                             else "logprob" if causal else "cosine")
+    metric = args.metric or ("logprob" if causal else "cosine")
     if metric == "cosine" and causal:
         raise UsageError(f"--metric cosine compares sentence embeddings of an encoder; "
                          f"{args.model} is a causal LM: use --metric logprob or logit-diff")
@@ -75,7 +73,9 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"--top must be at least 1, got {args.top}")
     if args.metric in ("cosine", "logprob"):
         if args.text_b is None:
-            raise UsageError(f"--metric {args.metric} needs two texts TEXT_A TEXT_B")
+            raise UsageError(f"--metric {args.metric} needs two "
+                             + ("sentences" if args.metric == "cosine" else "texts")
+                             + " TEXT_A TEXT_B")
         if args.answer is not None or args.wrong is not None:
             raise UsageError("--answer and --wrong go with --metric logit-diff")
         texts = (("TEXT_A", args.text_a), ("TEXT_B", args.text_b))
@@ -97,6 +97,8 @@ def _check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise UsageError(f"--top must be at least 1, got {args.top}")
+    if args.metric is not None:
+        _check(args)  # the flags first, before the model's config is read
     args.metric = _metric(args)
     _check(args)
     from handformer.viz.head_effects import plot_head_effects
