@@ -210,16 +210,18 @@ def streaming(ours: torch.nn.Module, floor_ms: float) -> dict:
             "floor_gb_per_s": weights / (floor_ms / 1e3) / 1e9, "working_sets": rows}
 
 
+# VmHWM, not getrusage's ru_maxrss: on Linux ru_maxrss survives exec, so a child forked from
+# a big parent would report the parent's size
 LOAD_SCRIPT = """
-import resource, sys, time
+import sys, time
 from handformer.pretrained import load_lm
-def rss():
-    return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024
-before = rss()
+def status(field):
+    return int(open("/proc/self/status").read().split(field + ":")[1].split()[0]) * 1024
+before = status("VmRSS")
 start = time.perf_counter()
 model, _ = load_lm(sys.argv[1], tokenizer=False)
 seconds = time.perf_counter() - start
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak = status("VmHWM")
 size = sum(p.numel() * p.element_size() for p in model.parameters())
 print(seconds, peak - before, size)
 """
