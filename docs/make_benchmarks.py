@@ -506,12 +506,50 @@ def section_sinks(data: dict) -> list[str]:
             reproduce("bench_sinks.py"), ""]
 
 
+def section_llm(data: dict) -> list[str]:
+    """``bench_llm.py``: a SmolLM2-135M-shaped Llama against transformers."""
+    ok = {True: "met", False: "missed"}
+    load = data.get("load_average_start", [float("nan")])[0]
+    out = ["## A SmolLM2-135M-shaped Llama against transformers", "", machine_line(data), "",
+           f"Random weights in SmolLM2-135M's shape saved as a Llama folder, loaded by "
+           f"`load_lm` and by transformers {data['transformers']} (sdpa); float32, batch 1. "
+           f"The floor is one step's matrix-vector products plus one fused attention per "
+           f"layer over the cache, measured in the same run. Load average at the start: "
+           f"{load:.1f}.", "",
+           "| threads | measurement | handformer | transformers | floor | ratio | target |",
+           "|---|---|---|---|---|---|---|"]
+    for r in data["threads"]:
+        f = r["forward_ms"]
+        out.append(f"| {r['threads']} | forward {r['forward_tokens']} tokens, ms | "
+                   f"{f['handformer']:.0f} | {f['transformers']:.0f} | | "
+                   f"{r['forward_ratio']:.2f} | ≤ 1.0 ({ok[r['forward_ratio'] <= 1.0]}) |")
+        for d in r["decode"]:
+            ms = d["ms_per_token"]
+            out.append(f"| {r['threads']} | decode after {d['context']}, ms/token | "
+                       f"{ms['handformer']:.1f} | {ms['transformers']:.1f} | {ms['floor']:.1f} "
+                       f"| {d['ratio_vs_transformers']:.2f} (floor {d['ratio_vs_floor']:.2f}) "
+                       f"| ≤ 0.9 ({ok[d['ratio_vs_transformers'] <= 0.9]}), floor ≤ 1.3 "
+                       f"({ok[d['ratio_vs_floor'] <= 1.3]}) |")
+    kv, mem = data["kv_cache"], data.get("load_memory")
+    out += ["", f"- KV cache at {kv['context']} tokens: {kv['ratio_vs_mha']:.3f} of a "
+                f"multi-head cache (num_kv_heads / num_heads = {kv['expected_ratio']:.3f}); a "
+                f"sliding layer (window {kv['sliding_window']}) holds "
+                f"{kv['sliding_layer_tokens']} tokens.",
+            f"- Weights streamed in the floor: {data['streaming']['floor_gb_per_s']:.1f} GB/s."]
+    if mem:
+        out.append(f"- `load_lm` in a fresh process: {mem['seconds']:.1f} s, peak RSS growth "
+                   f"{mem['growth_over_model']:.2f}x the model's "
+                   f"{mem['model_bytes'] / 1e6:.0f} MB.")
+    return out + ["", reproduce("bench_llm.py"), ""]
+
+
 SECTIONS: list[tuple[str, str, Callable[[dict], list[str]]]] = [
     ("variants", "bench_variants.py", section_variants),
     ("core", "bench_core.py", section_core),
     ("embed", "bench_embed.py", section_embed),
     ("train", "bench_train.py", section_train),
     ("decode", "bench_decode.py", section_decode),
+    ("llm", "bench_llm.py", section_llm),
     ("viz", "bench_viz.py", section_viz),
     ("serve", "bench_serve.py", section_serve),
     ("inspect", "bench_inspect.py", section_inspect),
