@@ -189,10 +189,8 @@ def cache_bytes(ours: torch.nn.Module, theirs: torch.nn.Module) -> dict:
 def streaming(ours: torch.nn.Module, floor_ms: float) -> dict:
     """The host's weight-streaming speed: the floor's bytes over its time, and small
     working sets (1 MB matrices, batch-1 input, looped over)."""
-    weights = sum(m.weight.numel() for m in ours.modules()
+    weights = sum(m.weight.numel() for m in ours.modules()  # the LM head included, once
                   if isinstance(m, torch.nn.Linear)) * 4
-    if ours.config.tie_weights:
-        weights += ours.lm_head.weight.numel() * 4  # the head is read once per step too
     x = torch.randn(1, 256)
     rows = []
     for megabytes in ((2, 4) if QUICK else (4, 16, 64)):
