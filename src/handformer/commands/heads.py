@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from handformer.commands.common import UsageError, add_device_argument, resolve_device
+from handformer.commands.common import UsageError, add_device_argument, note, resolve_device
 
 NAME = "heads"
 HELP = ("Ablate every attention head in turn and show its effect on the cosine similarity "
@@ -27,6 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_device_argument(parser)
 
 
+def _model_name(folder: str | None) -> str:
+    return "all-MiniLM-L6-v2" if folder is None else (Path(folder).resolve().name or folder)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise UsageError(f"--top must be at least 1, got {args.top}")
@@ -42,6 +46,13 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     model, tokenizer = load_bert(args.model)
     model.to(device)
+    from handformer.pretrained.token_labels import ENCODER_ADVICE, texts_unknown_notice
+
+    unknown = texts_unknown_notice(tokenizer, [args.text_a, args.text_b], advice=ENCODER_ADVICE,
+                                   what="TEXT_A and TEXT_B",
+                                   model=_model_name(args.model))
+    if unknown:
+        note(unknown)
     result = pair_similarity_effects(model, tokenizer, args.text_a, args.text_b,
                                      mode=args.mode)
     result = dataclasses.replace(result, effects=result.effects.cpu())  # for the plot

@@ -63,7 +63,8 @@ def build_page(state: ModelState, example: str) -> tuple[str, str]:
     """
     from handformer.viz.html import viewer_page
 
-    result = compute.run(state, RunRequest(example, None, state.default_attention, ()))
+    result = compute.run(state, RunRequest(example, None, state.default_attention, (),
+                                           choose_head=True))
     page = viewer_page(result["viewer"], title=f"handformer serve: {state.name}")
     hashes = {"script": [], "style": []}
     for kind, body in _INLINE.findall(page):

@@ -24,7 +24,7 @@ MAX_NEW_TOKENS = 512
 WEIGHT_FORMATS = ("json", "binary")
 
 _ATTENTION_FIELDS = ("attention", "window_size", "stride", "global_tokens")
-_RUN_FIELDS = {"text", "text_pair", "heads", *_ATTENTION_FIELDS}
+_RUN_FIELDS = {"text", "text_pair", "heads", "choose_head", *_ATTENTION_FIELDS}
 _GENERATE_FIELDS = {"text", "heads", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
                     *_ATTENTION_FIELDS}
 
@@ -54,12 +54,15 @@ class RunRequest:
         text_pair: a second text (encoders: its embedding is compared with ``text``'s).
         attention: the attention setting.
         heads: ``(layer, head)`` pairs to ablate, sorted, without repeats.
+        choose_head: open the viewer data on the head ``handformer viz`` would choose
+            (costs a pass over every weight; the page asks for it once per model).
     """
 
     text: str
     text_pair: str | None
     attention: AttentionChoice
     heads: tuple[tuple[int, int], ...]
+    choose_head: bool = False
 
 
 @dataclass(frozen=True)
@@ -201,7 +204,10 @@ def parse_run(body: dict[str, object], state: ModelState) -> RunRequest:
     if pair is not None and state.causal:
         raise RequestError("text_pair", "applies to encoders (embedding similarity); this is "
                                         "a causal language model")
-    return RunRequest(text, pair, _attention(body, state), _heads(body, state))
+    choose = body.get("choose_head", False)
+    if not isinstance(choose, bool):
+        raise RequestError("choose_head", f"must be true or false, got {json.dumps(choose)[:40]}")
+    return RunRequest(text, pair, _attention(body, state), _heads(body, state), choose)
 
 
 def parse_generate(body: dict[str, object], state: ModelState) -> GenerateRequest:
