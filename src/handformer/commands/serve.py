@@ -28,9 +28,11 @@ GRACE_S = 0.5  # seconds open connections get at shutdown
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", metavar="DIR", default=None,
+    parser.add_argument("--model", metavar="DIR", action="append", default=None,
                         help="BERT-family folder (default: the bundled all-MiniLM-L6-v2), or a "
-                             "GPT-2 / handformer train folder (causal LM: adds generation)")
+                             "GPT-2 / handformer train folder (causal LM: adds generation); "
+                             "give it several times to offer several models (the first is "
+                             "loaded at start, the others when the page picks them)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1, this machine only)")
     parser.add_argument("--port", type=int, default=8000,
@@ -81,14 +83,21 @@ def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from handformer.serve import ModelState, create_app
+        from handformer.serve import create_app
+        from handformer.serve.registry import ModelRegistry
 
         port = sock.getsockname()[1]
-        state = ModelState(args.model, device=device)
+        try:
+            registry = ModelRegistry(args.model or [None], device=device)
+        except ValueError as exc:
+            if "give each model only once" not in str(exc):
+                raise
+            raise UsageError(f"--model: {exc}") from None
+        state = registry.first
         hosts = None
         if loopback:
             hosts = {f"{h}:{port}" for h in ("127.0.0.1", "localhost", "[::1]")}
-        app = create_app(state, allowed_hosts=hosts)
+        app = create_app(registry, allowed_hosts=hosts)
         config = uvicorn.Config(app, log_level="warning", lifespan="off",
                                 timeout_graceful_shutdown=GRACE_S, access_log=False)
         server = _server_class(uvicorn)(config)
@@ -98,6 +107,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"handformer serve: {state.name} ({'causal LM' if state.causal else 'encoder'}, "
               f"{state.num_layers} layers x {state.num_heads} heads) at "
               f"http://{shown}:{port}/  (Ctrl+C stops it)", flush=True)
+        if len(registry.names()) > 1:
+            print(f"handformer serve: models {', '.join(registry.names())} (loaded when "
+                  "picked on the page)", flush=True)
         try:
             server.run(sockets=[sock])
         finally:

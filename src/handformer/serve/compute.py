@@ -86,9 +86,10 @@ def _unknown(state: ModelState, ids: list[int], special: list[bool] | None, fiel
 
 
 def encode(state: ModelState, text: str, field: str = "text", *,
-           limit: int | None = None) -> Encoded:
+           limit: int | None = None, chat: bool = False) -> Encoded:
     """Tokenize ``text`` for the model, cut to ``limit`` (default ``state.max_tokens``) with a
-    notice.
+    notice. ``chat``: the text is a chat template's output, which holds its own special
+    tokens (none are added).
 
     Raises:
         RequestError: for text the tokenizer rejects or that gives no tokens.
@@ -96,7 +97,8 @@ def encode(state: ModelState, text: str, field: str = "text", *,
     limit = state.max_tokens if limit is None else limit
     if state.causal:
         try:
-            ids = state.tokenizer.encode(text)
+            ids = (state.tokenizer.encode(text, add_special_tokens=False) if chat
+                   else state.tokenizer.encode(text))
         except ValueError as exc:  # e.g. a character outside a char vocabulary
             raise RequestError(field, " ".join(str(exc).split())) from None
         if not ids:

@@ -43,7 +43,7 @@ class Generation:
     def __init__(self, state: ModelState, req: GenerateRequest) -> None:
         self.state, self.req = state, req
         self.model = state.variant(req.attention)
-        self.enc = encode(state, req.text)
+        self.enc = encode(state, req.text, chat=req.chat)
         ids = self.enc.batch["input_ids"]  # (1, L)
         self.room = state.max_tokens - ids.shape[1]
         self.budget = min(req.max_new_tokens, self.room)
@@ -69,6 +69,7 @@ class Generation:
         return {"event": "start", "model": self.state.name, "model_type": "causal-lm",
                 "attention": self.req.attention.as_dict(),
                 "heads_ablated": [list(h) for h in self.req.heads],
+                "prompt": self.req.text, "chat": self.req.chat,
                 "prompt_tokens": self.enc.tokens, "notices": notices}
 
     def step(self) -> dict[str, object]:

@@ -212,11 +212,15 @@ class ModelState:
 
     def info(self) -> dict[str, object]:
         """What ``GET /api/model`` returns."""
+        config = self.model.config
+        kv = getattr(config, "num_kv_heads", None) or self.num_heads
         return {"model": self.name, "type": "causal-lm" if self.causal else "encoder",
-                "layers": self.num_layers, "heads": self.num_heads,
+                "layers": self.num_layers, "heads": self.num_heads, "kv_heads": kv,
+                "chat_template": bool(getattr(self.tokenizer, "chat_template", None)),
                 "max_tokens": self.max_tokens, "embed_tokens": self.embed_tokens,
                 "attention_kinds": list(KINDS),
                 "default_attention": self.default_attention.as_dict(),
                 "device": str(self.device),
-                "endpoints": ["/api/model", "/api/run", "/api/ablate", "/api/rollout"]
+                "endpoints": ["/api/model", "/api/models", "/api/heads", "/api/run", "/api/ablate",
+                              "/api/rollout"]
                 + (["/api/generate"] if self.causal else [])}
