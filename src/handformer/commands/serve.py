@@ -32,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="BERT-family folder (default: the bundled all-MiniLM-L6-v2), or a "
                              "GPT-2 / handformer train folder (causal LM: adds generation); "
                              "give it several times to offer several models (the first is "
-                             "loaded at start, the others when the page picks them)")
+                             "loaded at start, the others when the page picks them; "
+                             "all-MiniLM-L6-v2 names the bundled encoder)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1, this machine only)")
     parser.add_argument("--port", type=int, default=8000,

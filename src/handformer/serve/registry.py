@@ -19,9 +19,10 @@ from pathlib import Path
 from handformer.serve.state import ModelState
 from handformer.serve.validation import RequestError
 
-__all__ = ["ModelRegistry", "ModelLoadError", "MAX_LOADED", "display_name"]
+__all__ = ["ModelRegistry", "ModelLoadError", "MAX_LOADED", "BUNDLED", "display_name"]
 
 MAX_LOADED = 3  # models held in memory at once
+BUNDLED = "all-MiniLM-L6-v2"  # the bundled encoder: ``--model all-MiniLM-L6-v2`` (or none)
 
 
 class ModelLoadError(RuntimeError):
@@ -35,8 +36,8 @@ class ModelLoadError(RuntimeError):
 def display_name(source: str | None) -> str:
     """The name a model is offered under: the bundled model's name, a folder's name, a
     file's stem, or a shipped name as given."""
-    if source is None:
-        return "all-MiniLM-L6-v2"
+    if source is None or source in ("", BUNDLED):
+        return BUNDLED
     path = Path(source)
     if path.suffix == ".gguf":
         return path.stem
@@ -66,6 +67,7 @@ class ModelRegistry:
         if not sources:
             raise ValueError("give at least one model")
         self.sources: dict[str, str | None] = {}
+        sources = [None if s in ("", BUNDLED) else s for s in sources]
         for source in sources:
             name = display_name(source)
             if name in self.sources:
