@@ -156,6 +156,27 @@ def namespace(tmp: Path) -> dict[str, object]:
         """A tiny two-layer encoder (E=8, 2 heads)."""
         return hf.Encoder(hf.EncoderLayer(8, 2, 16, dropout=0.0), 2).eval()
 
+    def registry() -> object:
+        """A serve ModelRegistry of three models: "tiny" (loaded), "other", "broken"."""
+        from types import SimpleNamespace
+
+        from handformer.serve.registry import ModelRegistry
+
+        def loader(source: object, *, device: str) -> object:
+            if source == "broken":
+                raise FileNotFoundError("broken: no config.json")
+            return SimpleNamespace(name=source)
+
+        return ModelRegistry(["tiny", "other", "broken"], loader=loader)
+
+    def chat_state(template: bool = True) -> object:
+        """A stand-in for a served causal LM whose tokenizer has a chat template (or not)."""
+        from types import SimpleNamespace
+
+        tok = SimpleNamespace(chat_template="{{ messages }}" if template else None,
+                              apply_chat_template=lambda m, **_: str(m))
+        return SimpleNamespace(causal=True, name="tiny-chat", tokenizer=tok)
+
     existing_run = tmp / "existing-run"
     existing_run.mkdir()
     (existing_run / "train.json").write_text("{}")
@@ -164,13 +185,13 @@ def namespace(tmp: Path) -> dict[str, object]:
             "load_bert": load_bert, "load_gpt2": load_gpt2, "TrainConfig": TrainConfig,
             "train": train, "load_checkpoint": load_checkpoint, "checkpoint": checkpoint,
             "cli": cli, "tmp": tmp, "existing_run": existing_run, "json": json,
-            "inspect": inspect, "enc": enc}
+            "inspect": inspect, "enc": enc, "registry": registry, "chat_state": chat_state}
 
 
 EXCEPTIONS = {"ValueError": ValueError, "TypeError": TypeError,
               "CheckpointError": CheckpointError, "FileNotFoundError": FileNotFoundError,
               "UserWarning": UserWarning, "exit": CLIExit, "KeyError": KeyError,
-              "HookError": inspect.HookError}
+              "HookError": inspect.HookError, "RuntimeError": RuntimeError}
 
 
 def run_row(row: dict[str, str], ns: dict[str, object]) -> BaseException | Warning:
