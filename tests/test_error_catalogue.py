@@ -174,8 +174,10 @@ def namespace(tmp: Path) -> dict[str, object]:
         from types import SimpleNamespace
 
         tok = SimpleNamespace(chat_template="{{ messages }}" if template else None,
-                              apply_chat_template=lambda m, **_: str(m))
-        return SimpleNamespace(causal=True, name="tiny-chat", tokenizer=tok)
+                              apply_chat_template=lambda m, **_: str(m),
+                              decode=lambda ids: " ".join(map(str, ids)))
+        model = SimpleNamespace(config=SimpleNamespace(vocab_size=23))
+        return SimpleNamespace(causal=True, name="tiny-chat", tokenizer=tok, model=model)
 
     existing_run = tmp / "existing-run"
     existing_run.mkdir()

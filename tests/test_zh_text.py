@@ -138,5 +138,23 @@ def test_generate_streams_whole_characters(gpt2_bytes):
     assert labels == token_labels(state.tokenizer, ids)
     assert not any("\ufffd" in label for label in labels)
     whole = state.tokenizer.decode(ids)
-    assert "".join(texts) == whole.rstrip("\ufffd")
+    assert not any("\ufffd" in t for t in texts)
+    assert "".join(texts) == whole.rstrip("\ufffd").replace("\ufffd", "<?>")
     assert sum(1 for t in texts if t == "") >= 1  # some tokens waited for their character
+
+
+def test_api_run_on_ids_shows_the_generated_tokens(gpt2_bytes):
+    state = ModelState(gpt2_bytes)
+    ids = state.tokenizer.encode(ZH)
+    by_text = compute.run(state, parse_run({"text": ZH}, state))
+    by_ids = compute.run(state, parse_run({"ids": ids}, state))
+    assert by_ids["tokens"] == by_text["tokens"]
+    assert by_ids["next_token"] == by_text["next_token"]
+    # A byte sequence that is no character (a model may generate one): labelled by its bytes,
+    # where decoding and re-encoding the text would have given U+FFFD tokens.
+    tok = state.tokenizer.tokenizer
+    lone = [tok.token_to_id(c) for c in ("\u00e5", "a")]  # 0xE5 then "a": invalid UTF-8
+    r = compute.run(state, parse_run({"ids": lone}, state))
+    assert r["tokens"] == ["<0xE5>", "a"]
+    again = compute.run(state, parse_run({"text": state.tokenizer.decode(lone)}, state))
+    assert any("\ufffd" in t for t in again["tokens"])  # why the page sends ids

@@ -256,7 +256,9 @@ def texts_unknown_notice(tokenizer: object, texts: Sequence[str], *, model: str,
 
 class TextStream:
     """Generated token ids in, text out, never half a character: while the text so far ends
-    in an incomplete UTF-8 sequence (decoded as ``"\\ufffd"``), nothing is given out.
+    in an incomplete UTF-8 sequence (decoded as ``"\\ufffd"``), nothing is given out. Bytes
+    that never became a character (a model can generate any byte sequence) are given out as
+    ``"<?>"``; the tokens' labels (:func:`token_labels`) show them as ``"<0x..>"``.
 
     The whole sequence is decoded each time (as the ``generate`` command does), so decoders
     that depend on neighbours (SentencePiece's leading space) give the right text.
@@ -279,7 +281,7 @@ class TextStream:
         if text.endswith(_REPLACEMENT):
             return ""
         new, self.sent = text[self.sent:], len(text)
-        return new
+        return new.replace(_REPLACEMENT, "<?>")
 
     def finish(self) -> str:
         """What is left at the end, without the bytes of a character cut short (the tokens'

@@ -85,6 +85,27 @@ def _unknown(state: ModelState, ids: list[int], special: list[bool] | None, fiel
                                  advice=SERVE_ADVICE)
 
 
+def request_input(state: ModelState, req: RunRequest) -> Encoded:
+    """The request's text as model input: its ``ids`` as they are (causal models), else
+    ``text`` tokenized."""
+    if req.ids is None:
+        return encode(state, req.text)
+    return _from_ids(state, list(req.ids), "ids", state.max_tokens)
+
+
+def _from_ids(state: ModelState, ids: list[int], field: str, limit: int) -> Encoded:
+    """A causal model's input from token ids, cut to ``limit`` with a notice."""
+    notice = None
+    if len(ids) > limit:
+        notice = (f"{field} has {len(ids)} tokens, more than the model's limit of {limit}; "
+                  f"only the first {limit} were used")
+        ids = ids[:limit]
+    tokens = token_labels(state.tokenizer, ids)
+    batch = {"input_ids": torch.tensor([ids], device=state.device)}  # (1, L)
+    unknown, line = _unknown(state, ids, None, field)
+    return Encoded(batch, tokens, notice, unknown=unknown, unknown_notice=line)
+
+
 def encode(state: ModelState, text: str, field: str = "text", *,
            limit: int | None = None, chat: bool = False) -> Encoded:
     """Tokenize ``text`` for the model, cut to ``limit`` (default ``state.max_tokens``) with a
@@ -103,15 +124,7 @@ def encode(state: ModelState, text: str, field: str = "text", *,
             raise RequestError(field, " ".join(str(exc).split())) from None
         if not ids:
             raise RequestError(field, "gives no tokens for this model's tokenizer")
-        notice = None
-        if len(ids) > limit:
-            notice = (f"{field} has {len(ids)} tokens, more than the model's limit of {limit}; "
-                      f"only the first {limit} were used")
-            ids = ids[:limit]
-        tokens = token_labels(state.tokenizer, ids)
-        batch = {"input_ids": torch.tensor([ids], device=state.device)}  # (1, L)
-        unknown, line = _unknown(state, ids, None, field)
-        return Encoded(batch, tokens, notice, unknown=unknown, unknown_notice=line)
+        return _from_ids(state, ids, field, limit)
     tokenizer, notice = state.tokenizer, None
     try:
         encodings = tokenizer.encode([text], max_length=limit, truncation=False)
@@ -226,7 +239,7 @@ def run(state: ModelState, req: RunRequest, *, binary: bool = False) -> dict[str
         RequestError: for text the tokenizer rejects.
     """
     model = state.variant(req.attention)
-    enc = encode(state, req.text)
+    enc = request_input(state, req)
     notices = enc.notices
     result = _header(state, req) | {"tokens": enc.tokens}
     with torch.inference_mode(), ablated(model, req.heads):
@@ -260,7 +273,7 @@ def ablate(state: ModelState, req: RunRequest) -> dict[str, object]:
     result = _header(state, req)
     with torch.inference_mode():
         if state.causal:
-            enc = encode(state, req.text)
+            enc = request_input(state, req)
             notices += enc.notices
             clean = model(**enc.batch).logits[0, -1]  # (V,)
             with ablated(model, req.heads):
@@ -309,7 +322,7 @@ def rollout(state: ModelState, req: RunRequest, *, binary: bool = False
     from handformer.viz.html import viewer_payload
 
     model = state.variant(req.attention)
-    enc = encode(state, req.text)
+    enc = request_input(state, req)
     with torch.inference_mode(), ablated(model, req.heads):
         attentions = model(**enc.batch, need_weights=True).attentions
     rolled = [attention_rollout(attentions, layers=range(layer + 1))[0]  # (L, L) each

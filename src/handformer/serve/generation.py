@@ -70,6 +70,7 @@ class Generation:
                 "attention": self.req.attention.as_dict(),
                 "heads_ablated": [list(h) for h in self.req.heads],
                 "prompt": self.req.text, "chat": self.req.chat,
+                "prompt_ids": self.enc.batch["input_ids"][0].tolist(),
                 "prompt_tokens": self.enc.tokens, "notices": notices}
 
     def step(self) -> dict[str, object]:
@@ -125,4 +126,5 @@ class Generation:
         if self.ids and self.ids[-1] == self.eos:
             reason = "eos"
         return {"event": "end", "reason": reason, "generated": len(self.ids),
-                "text": self.state.tokenizer.decode([i for i in self.ids if i != self.eos])}
+                "text": self.state.tokenizer.decode([i for i in self.ids if i != self.eos])
+                .replace("\ufffd", "<?>")}

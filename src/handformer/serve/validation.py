@@ -24,7 +24,8 @@ MAX_NEW_TOKENS = 512
 WEIGHT_FORMATS = ("json", "binary")
 
 _ATTENTION_FIELDS = ("attention", "window_size", "stride", "global_tokens")
-_RUN_FIELDS = {"model", "text", "text_pair", "heads", "choose_head", *_ATTENTION_FIELDS}
+_RUN_FIELDS = {"model", "text", "ids", "text_pair", "heads", "choose_head", *_ATTENTION_FIELDS}
+MAX_IDS = 8192  # token ids in one request (a causal model's text given as its tokens)
 _GENERATE_FIELDS = {"model", "text", "messages", "heads", "max_new_tokens", "temperature",
                     "top_k", "top_p", "seed", *_ATTENTION_FIELDS}
 MAX_MESSAGES = 64  # turns of a chat conversation in one request
@@ -58,6 +59,8 @@ class RunRequest:
         heads: ``(layer, head)`` pairs to ablate, sorted, without repeats.
         choose_head: open the viewer data on the head ``handformer viz`` would choose
             (costs a pass over every weight; the page asks for it once per model).
+        ids: causal models: the text as token ids (what a generation made), instead of
+            ``text`` (then the text they decode to).
     """
 
     text: str
@@ -65,6 +68,7 @@ class RunRequest:
     attention: AttentionChoice
     heads: tuple[tuple[int, int], ...]
     choose_head: bool = False
+    ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -203,7 +207,12 @@ def parse_run(body: dict[str, object], state: ModelState) -> RunRequest:
         RequestError: naming the first bad field.
     """
     _unknown(body, _RUN_FIELDS)
-    text = _text(body, "text", required=True)
+    ids = _ids(body, state)
+    text = _text(body, "text", required=ids is None)
+    if ids is not None:
+        if text is not None:
+            raise RequestError("ids", "give either text or ids, not both")
+        text = state.tokenizer.decode(list(ids))
     pair = _text(body, "text_pair", required=False)
     if pair is not None and state.causal:
         raise RequestError("text_pair", "applies to encoders (embedding similarity); this is "
@@ -211,7 +220,23 @@ def parse_run(body: dict[str, object], state: ModelState) -> RunRequest:
     choose = body.get("choose_head", False)
     if not isinstance(choose, bool):
         raise RequestError("choose_head", f"must be true or false, got {json.dumps(choose)[:40]}")
-    return RunRequest(text, pair, _attention(body, state), _heads(body, state), choose)
+    return RunRequest(text, pair, _attention(body, state), _heads(body, state), choose, ids)
+
+
+def _ids(body: dict[str, object], state: ModelState) -> tuple[int, ...] | None:
+    value = body.get("ids")
+    if value is None:
+        return None
+    if not state.causal:
+        raise RequestError("ids", "applies to causal language models; send text")
+    V = state.model.config.vocab_size
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_IDS:
+        raise RequestError("ids", f"must be a list of 1..{MAX_IDS} token ids")
+    for i in value:
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < V:
+            raise RequestError("ids", f"each id must be an integer in 0..{V - 1}, got "
+                                      f"{json.dumps(i)[:40]}")
+    return tuple(value)
 
 
 def parse_generate(body: dict[str, object], state: ModelState) -> GenerateRequest:

@@ -237,20 +237,33 @@
     return avail;
   }
 
+  function labelRoom(ctx, size) {
+    ctx.font = size + "px sans-serif";
+    let wq = 0, wk = 0;
+    QT.forEach(function (t) { wq = Math.max(wq, Math.min(MAX_LABEL, ctx.measureText(t).width)); });
+    KT.forEach(function (t) { wk = Math.max(wk, columnExtent(ctx, t, size)); });
+    return [Math.ceil(wq) + 10, Math.ceil(wk) + 10];
+  }
+
   function heatGeometry(ctx) {
     const avail = heatAvail();
-    const fit = avail / Math.max(LQ, LK);
-    const cell = Z.cell || (fit >= 4 ? Math.min(36, Math.floor(fit)) : Math.max(1, fit));
-    const labels = cell >= 9;
+    const fitCell = function (room) {
+      const fit = room / Math.max(LQ, LK);
+      return fit >= 4 ? Math.min(36, Math.floor(fit)) : Math.max(1, fit);
+    };
+    let cell = Z.cell || fitCell(avail);
+    let size = Math.min(13, Math.floor(cell) - 2);
     let left = 6, top = 6;
-    const size = Math.min(13, Math.floor(cell) - 2);
-    if (labels) {
-      ctx.font = size + "px sans-serif";
-      let wq = 0, wk = 0;
-      QT.forEach(function (t) { wq = Math.max(wq, Math.min(MAX_LABEL, ctx.measureText(t).width)); });
-      KT.forEach(function (t) { wk = Math.max(wk, columnExtent(ctx, t, size)); });
-      left = Math.ceil(wq) + 10; top = Math.ceil(wk) + 10;
+    if (cell >= 9) {
+      [left, top] = labelRoom(ctx, size);
+      if (!Z.cell) {  // fit the labels and the matrix together
+        cell = fitCell(avail - left - 6);
+        size = Math.min(13, Math.floor(cell) - 2);
+        if (cell >= 9) [left, top] = labelRoom(ctx, size);
+        else { left = 6; top = 6; }
+      }
     }
+    const labels = cell >= 9;
     let cols = LK, rows = LQ;
     if (Z.cell) {
       const maxH = Math.max(240, window.innerHeight * 0.72 - top);
@@ -342,10 +355,12 @@
     if (PAT) drawPattern(g);
   }
 
-  // Zoom by `factor` around the cell (ci, cj) (default: the middle of the window).
+  // Zoom by `factor` around the cell (ci, cj) (default: the middle of the window; from the
+  // whole matrix, its start: the first tokens of the text).
   function zoomBy(factor, ci, cj) {
     const g = heat;
-    const ai = ci === undefined ? g.y0 + g.rows / 2 : ci, aj = cj === undefined ? g.x0 + g.cols / 2 : cj;
+    let ai = ci === undefined ? g.y0 + g.rows / 2 : ci, aj = cj === undefined ? g.x0 + g.cols / 2 : cj;
+    if (!Z.cell && ci === undefined) { ai = 0; aj = 0; }
     const next = Math.max(2, Math.min(40, (Z.cell || g.cell) * factor));
     const fitCell = heatAvail() / Math.max(LQ, LK);
     if (factor < 1 && next <= fitCell) { zoomFit(); return; }

@@ -94,9 +94,10 @@
     return Array.from(ablatedHeads).map(function (k) { return k.split(",").map(Number); });
   }
 
-  function settings(text) {
-    const body = { model: model, text: text === undefined ? $("sv-text").value : text,
-                   attention: $("sv-kind").value, heads: heads() };
+  // The request body; ids: a causal model's input as token ids (what a generation made).
+  function settings(ids) {
+    const body = { model: model, attention: $("sv-kind").value, heads: heads() };
+    if (ids) body.ids = ids; else body.text = $("sv-text").value;
     if (info.type === "encoder" && $("sv-pair").value.trim()) body.text_pair = $("sv-pair").value;
     if (body.attention === "local") body.window_size = +$("sv-window").value;
     if (body.attention === "strided") body.stride = +$("sv-stride").value;
@@ -138,27 +139,27 @@
       " (\u0394 " + (r.delta >= 0 ? "+" : "") + r.delta.toFixed(4) + ")";
   }
 
-  // Run the model on the text (or `text`): the viewer shows the ablated model's attention.
-  // first: open on the head `handformer viz` would choose (a new model).
+  // Run the model on the text (or on token ids: prompt + generated): the viewer shows the
+  // ablated model's attention. first: open on the head `handformer viz` would choose.
   async function run(opts) {
     opts = opts || {};
     const mine = ++seq;
     status("running\u2026");
     try {
-      const body = settings(opts.text);
+      const body = settings(opts.ids);
       if (opts.first) body.choose_head = true;
       const r = await post("/api/run", body, true);
       if (mine !== seq) return;
       lastRun = r;
       notices(r.notices);
       showAnswer(r);
-      if ($("sv-rollout").checked) await showRollout(mine, opts.text);
+      if ($("sv-rollout").checked) await showRollout(mine, opts.ids);
       else await V.render(r.viewer, opts.first === true);
       if (mine !== seq) return;
       paintGrid();
       status("");
       count("svRuns");
-      if (opts.text === undefined && (ablatedHeads.size || opts.toggled)) await ablate(mine);
+      if (!opts.ids && (ablatedHeads.size || opts.toggled)) await ablate(mine);
       else showEffect({ heads_ablated: [] });
       if (opts.first) loadScores();
     } catch (err) {
@@ -166,8 +167,8 @@
     }
   }
 
-  async function showRollout(mine, text) {
-    const r = await post("/api/rollout", settings(text), true);
+  async function showRollout(mine, ids) {
+    const r = await post("/api/rollout", settings(ids), true);
     if (mine !== seq) return;
     await V.render(r.viewer);
   }
@@ -338,8 +339,8 @@
       $("sv-text").value = "";
     }
     status("generating\u2026");
-    const spans = [], start = { n: 0 };
-    let generated = "", prompt = null, ended = null;
+    const spans = [], start = { n: 0 }, ids = [];
+    let generated = "", ended = null;
     try {
       const res = await fetch("/api/generate", {
         method: "POST", headers: { "Content-Type": "application/json" },
@@ -360,8 +361,8 @@
           const ev = JSON.parse(line);
           if (ev.event === "start") {
             notices(ev.notices);
-            prompt = ev.prompt;
-            if (ev.prompt_text !== undefined) $("sv-template").textContent = ev.prompt_text;
+            ev.prompt_ids.forEach(function (i) { ids.push(i); });
+            if (ev.chat) $("sv-template").textContent = ev.prompt;
             start.n = ev.prompt_tokens.length;
             ev.prompt_tokens.forEach(function (t) { spans.push(out.appendChild(el("span", "tok", t))); });
             status("generating \u00b7 " + ev.model);
@@ -371,6 +372,7 @@
             const s = out.appendChild(el("span", "tok query", ev.token));
             s.title = "p = " + ev.prob.toFixed(3);
             spans.push(s);
+            ids.push(ev.id);
             generated += ev.text;
             if (reply) reply.body.textContent = generated;
             document.body.dataset.svGenerated = String(ev.index + 1);
@@ -399,10 +401,10 @@
     document.body.dataset.svStopped = stopped ? "1" : "";
     const what = stopped ? "stopped after " + (spans.length - start.n) + " tokens"
                          : "generated " + ended.generated + " tokens (" + ended.reason + ")";
-    if (mine === seq && (generated || prompt)) {
-      // The viewer shows the prompt and the answer; the prompt box keeps the prompt.
-      const text = (prompt !== null && prompt !== undefined ? prompt : body.text) + generated;
-      await run({ text: text });
+    if (mine === seq && ids.length) {
+      // The viewer shows the prompt and the answer, token for token as generated; the
+      // prompt box keeps the prompt.
+      await run({ ids: ids });
     }
     status(what);
   }
