@@ -467,6 +467,9 @@
     kindChanged();
     buildGrid();
     document.body.dataset.svModel = model;
+    const h1 = document.querySelector("header h1");
+    if (h1) h1.textContent = "handformer serve: " + model;
+    document.title = "handformer serve: " + model;
   }
 
   async function switchModel(name) {
