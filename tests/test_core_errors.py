@@ -31,7 +31,7 @@ def test_mha_construction_errors(args, kwargs, exc, message):
 
 @pytest.mark.parametrize("kwargs,message", [
     ({"activation": "swish"},
-     "activation must be one of ['gelu', 'gelu_tanh', 'relu'], got 'swish'"),
+     "activation must be one of ['gelu', 'gelu_tanh', 'relu', 'silu'], got 'swish'"),
     ({"dropout": 2}, "dropout must be a probability in [0, 1), got 2"),
 ])
 def test_layer_construction_errors(kwargs, message):

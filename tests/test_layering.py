@@ -22,7 +22,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # handformer ("handformer" itself is the package's __init__, the public API it re-exports).
 LAYERS: list[tuple[str, ...]] = [
     ("checks", "hooks"),  # shared argument checks, hook points: import nothing of handformer
-    ("masks", "weights"),  # the mask convention; safetensors reading
+    ("masks", "weights", "norms"),  # the mask convention; safetensors reading; LayerNorm, RMSNorm
     ("attention",),
     ("positional", "positional_rotary"),
     ("layers", "decoder_layer"),

@@ -19,11 +19,12 @@ from handformer.attention import (
     strided_attention,
 )
 from handformer.decoder_layer import DecoderLayer
-from handformer.layers import EncoderLayer, FeedForward, MultiHeadAttention
+from handformer.layers import EncoderLayer, FeedForward, GatedFeedForward, MultiHeadAttention
 from handformer.models.causal_lm import CausalLM, CausalLMConfig, CausalLMOutput
 from handformer.models.decoder import Decoder, DecoderOutput
 from handformer.models.encoder import Encoder, EncoderOutput
 from handformer.models.transformer import Transformer, TransformerOutput
+from handformer.norms import LayerNorm, RMSNorm
 from handformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from handformer.positional_rotary import ALiBi, RotaryEmbedding
 from handformer.pretrained import BertConfig, BertModel, embed, load_bert
@@ -46,6 +47,9 @@ __all__ = [
     "LinearAttentionState",
     "MultiHeadAttention",
     "FeedForward",
+    "GatedFeedForward",
+    "LayerNorm",
+    "RMSNorm",
     "EncoderLayer",
     "Encoder",
     "EncoderOutput",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 __all__ = ["check_positive_int", "check_non_negative_int", "check_dropout", "check_window_size",
-           "check_scale"]
+           "check_scale", "check_softcap"]
 
 
 def check_positive_int(name: str, value: object) -> int:
@@ -61,4 +61,18 @@ def check_scale(value: object) -> float | None:
     if (isinstance(value, bool) or not isinstance(value, (int, float))
             or not math.isfinite(value) or value <= 0):
         raise ValueError(f"scale must be None or a positive finite number, got {value!r}")
+    return float(value)
+
+
+def check_softcap(value: object) -> float | None:
+    """Return an attention soft-cap: None (no cap) or a positive finite number.
+
+    Raises:
+        ValueError: for a bool, a non-number, zero, a negative, an infinite or a NaN value.
+    """
+    if value is None:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(value) or value <= 0):
+        raise ValueError(f"softcap must be None or a positive finite number, got {value!r}")
     return float(value)

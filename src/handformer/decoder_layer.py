@@ -12,6 +12,15 @@ Shape letters: ``B`` batch, ``H`` heads, ``L`` target length, ``S`` memory (sour
 ``norm_first=True`` is pre-LN (``x = x + drop1(self_attn(norm1(x)))`` and so on). With
 ``cross_attention=False`` the middle block is absent: that is the block of a decoder-only
 model such as GPT-2 (``CausalLM``).
+
+The Llama family is the same block with other parts (keyword options, all off by default):
+RMSNorm instead of LayerNorm (``norm="rms"``, Gemma's ``1 + w`` with ``norm_offset=1.0``),
+a gated MLP (``mlp="gated"``), grouped-query attention (``num_kv_heads``, ``head_dim``),
+per-projection biases, QK-norm, an attention scale, and Gemma's sandwich norms
+(``sandwich_norm=True``): a norm on each sublayer's output before the residual sum::
+
+    x = x + post_attn_norm(self_attn(norm1(x)))
+    x = x + post_mlp_norm(ff(norm3(x)))
 """
 
 from __future__ import annotations
@@ -22,7 +31,14 @@ from torch import Tensor, nn
 
 from handformer.attention.kinds import AttentionKind
 from handformer.hooks import HookPoint
-from handformer.layers import Dropout, FeedForward, MultiHeadAttention, attention_dropout
+from handformer.layers import (
+    Dropout,
+    FeedForward,
+    GatedFeedForward,
+    MultiHeadAttention,
+    attention_dropout,
+)
+from handformer.norms import make_norm
 
 if TYPE_CHECKING:
     from handformer.attention.cache import LayerCache
@@ -45,38 +61,79 @@ class DecoderLayer(nn.Module):
         attention: the self-attention kind (default full); cross-attention is always full.
         cross_attention: include the cross-attention block (False for decoder-only models).
         rotary: optional :class:`handformer.RotaryEmbedding` for the self-attention.
+        norm: ``"layer"`` (LayerNorm) or ``"rms"`` (RMSNorm) for every norm of the layer.
+        norm_offset: RMSNorm's weight offset (Gemma: 1.0), QK-norms included.
+        mlp: ``"plain"`` (:class:`FeedForward`) or ``"gated"`` (:class:`GatedFeedForward`).
+        mlp_bias: biases of the MLP (None: ``bias``).
+        sandwich_norm: norms ``post_attn_norm`` and ``post_mlp_norm`` on the sublayer
+            outputs (pre-norm layers only).
+        num_kv_heads, head_dim, qkv_bias, out_bias, qk_norm: the self-attention's options
+            (see :class:`MultiHeadAttention`; the QK-norms use ``layer_norm_eps``).
+        attn_scale: the self-attention's softmax scale (None: ``1 / sqrt(head_dim)``).
 
-    Hook points, all ``(B, L, E)``: ``hook_resid_pre``, ``hook_attn_out``,
-    ``hook_resid_mid``, with cross-attention ``hook_cross_attn_out`` and
-    ``hook_resid_mid_cross``, then ``hook_mlp_out`` and ``hook_resid_post`` (as in
-    :class:`~handformer.EncoderLayer`).
+    Submodules: ``self_attn``, ``norm1`` (before attention), ``cross_attn`` and ``norm2``
+    (with cross-attention), ``ff``, ``norm3`` (before the MLP), ``post_attn_norm`` and
+    ``post_mlp_norm`` (sandwich norms only).
+
+    Hook points, all ``(B, L, E)``: ``hook_resid_pre``, ``hook_attn_out`` (as added to the
+    residual: after ``post_attn_norm``), ``hook_resid_mid``, with cross-attention
+    ``hook_cross_attn_out`` and ``hook_resid_mid_cross``, then ``hook_mlp_out`` and
+    ``hook_resid_post`` (as in :class:`~handformer.EncoderLayer`).
 
     Raises:
-        ValueError / TypeError: as :class:`MultiHeadAttention` and :class:`FeedForward`.
+        ValueError / TypeError: as :class:`MultiHeadAttention` and :class:`FeedForward`; for
+            an unknown ``norm`` or ``mlp``, or ``sandwich_norm`` without ``norm_first``.
     """
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, *, dropout: float = 0.1,
                  activation: str = "relu", norm_first: bool = False,
                  layer_norm_eps: float = 1e-5, bias: bool = True,
                  attention: AttentionKind | None = None, cross_attention: bool = True,
-                 rotary: nn.Module | None = None) -> None:
+                 rotary: nn.Module | None = None, norm: str = "layer",
+                 norm_offset: float = 0.0, mlp: str = "plain", mlp_bias: bool | None = None,
+                 sandwich_norm: bool = False, num_kv_heads: int | None = None,
+                 head_dim: int | None = None, qkv_bias: bool | None = None,
+                 out_bias: bool | None = None, qk_norm: bool = False,
+                 attn_scale: float | None = None) -> None:
         super().__init__()
         attn_dropout = attention_dropout(dropout, attention)
+        if mlp not in ("plain", "gated"):
+            raise ValueError(f"mlp must be one of ['plain', 'gated'], got {mlp!r}")
+        if not isinstance(sandwich_norm, bool):
+            raise ValueError(f"sandwich_norm must be True or False, got {sandwich_norm!r}")
+        if sandwich_norm and not norm_first:
+            raise ValueError("sandwich_norm=True needs norm_first=True (pre-norm layers with a "
+                             "norm on each sublayer's output too)")
         self.d_model = d_model
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=attn_dropout, bias=bias,
-                                            attention=attention, rotary=rotary)
-        self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+
+        def new_norm() -> nn.Module:
+            return make_norm(norm, d_model, eps=layer_norm_eps, offset=norm_offset, bias=bias)
+
+        self.self_attn = MultiHeadAttention(
+            d_model, num_heads, dropout=attn_dropout, bias=bias, attention=attention,
+            rotary=rotary, num_kv_heads=num_kv_heads, head_dim=head_dim, qkv_bias=qkv_bias,
+            out_bias=out_bias, qk_norm=qk_norm, qk_norm_eps=layer_norm_eps,
+            norm_offset=norm_offset, scale=attn_scale)
+        self.norm1 = new_norm()
         self.dropout1 = Dropout(dropout)
         if cross_attention:
             self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, bias=bias)
-            self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+            self.norm2 = new_norm()
             self.dropout2 = Dropout(dropout)
         else:
             self.cross_attn = None
-        self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
-        self.norm3 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        mlp_bias = bias if mlp_bias is None else mlp_bias
+        if mlp == "gated":
+            self.ff = GatedFeedForward(d_model, d_ff, activation=activation, dropout=dropout,
+                                       bias=mlp_bias)
+        else:
+            self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout,
+                                  bias=mlp_bias)
+        self.norm3 = new_norm()
         self.dropout3 = Dropout(dropout)
+        self.post_attn_norm = new_norm() if sandwich_norm else None
+        self.post_mlp_norm = new_norm() if sandwich_norm else None
         self.hook_resid_pre, self.hook_resid_mid = HookPoint(), HookPoint()
         self.hook_resid_post = HookPoint()
         self.hook_attn_out, self.hook_mlp_out = HookPoint(), HookPoint()
@@ -126,7 +183,15 @@ class DecoderLayer(nn.Module):
         def self_block(h: Tensor) -> tuple[Tensor, Tensor | None]:
             out, w = self.self_attn(h, mask=mask, causal=causal, need_weights=need_weights,
                                     cache=cache, positions=positions)
+            if self.post_attn_norm is not None:
+                out = self.post_attn_norm(out)
             return self.hook_attn_out(self.dropout1(out)), w
+
+        def mlp_block(h: Tensor) -> Tensor:
+            out = self.ff(h)
+            if self.post_mlp_norm is not None:
+                out = self.post_mlp_norm(out)
+            return self.hook_mlp_out(self.dropout3(out))
 
         def cross_block(h: Tensor) -> tuple[Tensor, Tensor | None]:
             out, w = self.cross_attn(h, memory, mask=memory_mask, need_weights=need_weights)
@@ -139,12 +204,12 @@ class DecoderLayer(nn.Module):
             if self.cross_attn is not None:
                 attn, cross_weights = cross_block(self.norm2(x))
                 x = self.hook_resid_mid_cross(x + attn)
-            x = x + self.hook_mlp_out(self.dropout3(self.ff(self.norm3(x))))
+            x = x + mlp_block(self.norm3(x))
         else:
             attn, self_weights = self_block(x)
             x = self.hook_resid_mid(self.norm1(x + attn))
             if self.cross_attn is not None:
                 attn, cross_weights = cross_block(x)
                 x = self.hook_resid_mid_cross(self.norm2(x + attn))
-            x = self.norm3(x + self.hook_mlp_out(self.dropout3(self.ff(x))))
+            x = self.norm3(x + mlp_block(x))
         return self.hook_resid_post(x), self_weights, cross_weights

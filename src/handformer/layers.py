@@ -1,7 +1,8 @@
 """Transformer building blocks: multi-head attention, feed-forward, encoder layer.
 
-Shape letters: ``B`` batch, ``H`` heads, ``L`` length (``L_q``/``L_k``), ``D`` head dim,
-``E`` model dim (``d_model = H * D``). Modules are batch-first: ``(B, L, E)``.
+Shape letters: ``B`` batch, ``H`` heads (``H_kv`` key/value heads), ``L`` length
+(``L_q``/``L_k``), ``D`` head dim, ``E`` model dim (``d_model = H * D`` unless ``head_dim`` is
+given). Modules are batch-first: ``(B, L, E)``.
 
 What differs from the seed's version (sections 3-4): options are keyword-only and validated
 when the module is built (``d_model % num_heads``, dropout range, activation name), shapes are
@@ -19,19 +20,23 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from handformer.attention.kinds import AttentionKind, FullAttention
-from handformer.checks import check_dropout, check_positive_int
+from handformer.attention.functional import repeat_kv
+from handformer.attention.kinds import AttentionKind, FullAttention, attend_kind
+from handformer.checks import check_dropout, check_positive_int, check_scale
 from handformer.hooks import HookError, HookPoint
+from handformer.norms import LayerNorm, RMSNorm
 
 if TYPE_CHECKING:
     from handformer.attention.cache import LayerCache
 
-__all__ = ["MultiHeadAttention", "FeedForward", "EncoderLayer", "Dropout", "ACTIVATIONS"]
+__all__ = ["MultiHeadAttention", "FeedForward", "GatedFeedForward", "EncoderLayer", "Dropout",
+           "ACTIVATIONS"]
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,  # exact erf form (BERT's "gelu")
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's "gelu_new"
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's "gelu_new", Gemma's
+    "silu": F.silu,  # x * sigmoid(x), Llama's SwiGLU gate
 }
 
 
@@ -63,46 +68,91 @@ class MultiHeadAttention(nn.Module):
     """Multi-head attention: project, split into heads, attend, merge, project.
 
     Args:
-        d_model: model dim ``E``; must be divisible by ``num_heads``.
-        num_heads: number of heads ``H``; head dim ``D = E // H``.
+        d_model: model dim ``E``; must be divisible by ``num_heads`` unless ``head_dim`` is
+            given.
+        num_heads: number of query heads ``H``; head dim ``D = E // H`` by default.
         dropout: dropout on the attention weights (training only).
-        bias: add biases to the four projections.
+        bias: add biases to the four projections (the default of ``qkv_bias``/``out_bias``).
         kdim: feature dim of ``key`` inputs (default ``d_model``).
         vdim: feature dim of ``value`` inputs (default ``d_model``).
         attention: the attention kind (default :class:`FullAttention`).
         rotary: optional rotary position embedding applied to ``q`` and ``k`` after the
             head split (``handformer.RotaryEmbedding(head_dim)``), called as
             ``rotary(q, k, positions)``.
+        num_kv_heads: key/value heads ``H_kv`` (grouped-query attention; 1 is multi-query
+            attention); must divide ``num_heads``. None: ``num_heads`` (multi-head).
+        head_dim: ``D``, independent of ``d_model`` (Gemma: ``H * D != E``); None:
+            ``d_model // num_heads``.
+        qkv_bias: biases on the q/k/v projections (None: ``bias``). Qwen2: True.
+        out_bias: bias on the output projection (None: ``bias``).
+        qk_norm: RMSNorm over each head's ``q`` and ``k`` (``q_norm``, ``k_norm``, weights
+            ``(D,)``), before the rotary embedding (Qwen3, Gemma 3).
+        qk_norm_eps: their epsilon.
+        norm_offset: their weight offset (Gemma: 1.0, see :class:`~handformer.norms.RMSNorm`).
+        scale: the softmax scale (None: the kind's default ``1 / sqrt(D)``; Gemma:
+            ``query_pre_attn_scalar ** -0.5``).
 
-    Hook points (:mod:`handformer.inspect`): ``hook_q``, ``hook_k``, ``hook_v``
-    ``(B, H, L, D)`` after the projections (``hook_rot_q``, ``hook_rot_k`` after the rotary
-    embedding, when there is one), ``hook_attn_scores`` and ``hook_pattern``
-    ``(B, H, L_q, L_k)`` and ``hook_z`` ``(B, L_q, H, D)``, the per-head outputs before
-    ``out_proj``. While a hook listens to the scores or the pattern, the layer attends by the
-    explicit path ``normalize(scores) @ v`` (the same numbers up to rounding), so that a
-    replaced pattern is the one applied.
+    Submodules: ``q_proj`` (``E -> H * D``), ``k_proj`` and ``v_proj`` (``-> H_kv * D``),
+    ``out_proj`` (``H * D -> E``), ``q_norm``/``k_norm`` (None without ``qk_norm``).
+
+    Grouped-query attention: the keys and values keep their ``H_kv`` heads (and so does a
+    decoding cache); query head ``h`` reads key/value head ``h // (H / H_kv)``. Full
+    attention hands them to torch's kernel as they are (``enable_gqa``); kinds that need one
+    key head per query head, and the explicit path below, get them repeated.
+
+    Hook points (:mod:`handformer.inspect`): ``hook_q`` ``(B, H, L, D)``, ``hook_k``,
+    ``hook_v`` ``(B, H_kv, L, D)`` after the projections (before QK-norm; ``hook_rot_q``,
+    ``hook_rot_k`` after the rotary embedding, when there is one), ``hook_attn_scores`` and
+    ``hook_pattern`` ``(B, H, L_q, L_k)`` (the scores after soft-capping and masking),
+    ``hook_z`` ``(B, L_q, H, D)``, the per-head outputs before ``out_proj``, and
+    ``hook_result`` ``(B, L_q, H, E)``, each head's output in model space
+    (``z_h @ W_O[:, h]``, *without* ``out_proj``'s bias, which belongs to no head: the
+    attention output is ``result.sum(heads) + out_proj.bias``); it is computed only while a
+    hook listens to it. While a hook listens to the scores or the pattern, the layer
+    attends by the explicit path ``normalize(scores) @ v`` (the same numbers up to
+    rounding), so that a replaced pattern is the one applied.
 
     Raises:
-        ValueError: for ``num_heads <= 0``, ``d_model % num_heads != 0``, or dropout outside
-            [0, 1).
+        ValueError: for ``num_heads <= 0``, ``d_model % num_heads != 0`` without a
+            ``head_dim``, ``num_heads % num_kv_heads != 0``, a bad ``scale``, or dropout
+            outside [0, 1).
         TypeError: if ``attention`` is not an attention kind.
     """
 
     def __init__(self, d_model: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
                  kdim: int | None = None, vdim: int | None = None,
                  attention: AttentionKind | None = None,
-                 rotary: nn.Module | None = None) -> None:
+                 rotary: nn.Module | None = None, num_kv_heads: int | None = None,
+                 head_dim: int | None = None, qkv_bias: bool | None = None,
+                 out_bias: bool | None = None, qk_norm: bool = False,
+                 qk_norm_eps: float = 1e-6, norm_offset: float = 0.0,
+                 scale: float | None = None) -> None:
         super().__init__()
         check_positive_int("d_model", d_model)
         check_positive_int("num_heads", num_heads)
-        if d_model % num_heads != 0:
-            raise ValueError(
-                f"d_model={d_model} is not divisible by num_heads={num_heads}; "
-                f"pick d_model as a multiple of num_heads"
-            )
+        if head_dim is None:
+            if d_model % num_heads != 0:
+                raise ValueError(
+                    f"d_model={d_model} is not divisible by num_heads={num_heads}; "
+                    f"pick d_model as a multiple of num_heads (or give head_dim)"
+                )
+            head_dim = d_model // num_heads
         self.d_model = d_model
         self.num_heads = num_heads
-        self.head_dim = d_model // num_heads
+        self.head_dim = check_positive_int("head_dim", head_dim)
+        self.num_kv_heads = num_heads if num_kv_heads is None else check_positive_int(
+            "num_kv_heads", num_kv_heads)
+        if num_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads={self.num_kv_heads} must divide "
+                             f"num_heads={num_heads} (each key/value head serves a group of "
+                             "query heads)")
+        for name, value in (("bias", bias), ("qk_norm", qk_norm), ("qkv_bias", qkv_bias),
+                            ("out_bias", out_bias)):
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, got {value!r}")
+        qkv_bias = bias if qkv_bias is None else qkv_bias
+        out_bias = bias if out_bias is None else out_bias
+        self.scale = check_scale(scale)
         self.dropout = check_dropout("dropout", dropout)
         self.kdim = d_model if kdim is None else check_positive_int("kdim", kdim)
         self.vdim = d_model if vdim is None else check_positive_int("vdim", vdim)
@@ -112,26 +162,34 @@ class MultiHeadAttention(nn.Module):
                 f"dropout={dropout}: {type(self.attention).__name__} does not apply dropout to "
                 "its weights; use dropout=0.0"
             )
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(self.kdim, d_model, bias=bias)
-        self.v_proj = nn.Linear(self.vdim, d_model, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        inner, kv_inner = num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(d_model, inner, bias=qkv_bias)
+        self.k_proj = nn.Linear(self.kdim, kv_inner, bias=qkv_bias)
+        self.v_proj = nn.Linear(self.vdim, kv_inner, bias=qkv_bias)
+        self.out_proj = nn.Linear(inner, d_model, bias=out_bias)
+        if qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, eps=qk_norm_eps, offset=norm_offset)
+            self.k_norm = RMSNorm(self.head_dim, eps=qk_norm_eps, offset=norm_offset)
+        else:
+            self.q_norm = self.k_norm = None
         self.rotary = rotary
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         if rotary is not None:
             self.hook_rot_q, self.hook_rot_k = HookPoint(), HookPoint()
         self.hook_attn_scores, self.hook_pattern = HookPoint(), HookPoint()
         self.hook_z = HookPoint()
+        self.hook_result = HookPoint()
 
-    def split_heads(self, x: Tensor) -> Tensor:
-        """``(B, L, E)`` -> ``(B, H, L, D)``."""
+    def split_heads(self, x: Tensor, heads: int | None = None) -> Tensor:
+        """``(B, L, heads * D)`` -> ``(B, heads, L, D)`` (``heads`` defaults to ``H``)."""
         B, L, _ = x.shape
-        return x.view(B, L, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, L, D)
+        heads = self.num_heads if heads is None else heads
+        return x.view(B, L, heads, self.head_dim).transpose(1, 2)  # (B, heads, L, D)
 
     def merge_heads(self, x: Tensor) -> Tensor:
-        """``(B, H, L, D)`` -> ``(B, L, E)`` (the transpose back the seed warns about)."""
+        """``(B, H, L, D)`` -> ``(B, L, H * D)`` (the transpose back the seed warns about)."""
         B, H, L, D = x.shape
-        return x.transpose(1, 2).reshape(B, L, H * D)  # (B, L, E)
+        return x.transpose(1, 2).reshape(B, L, H * D)  # (B, L, H * D)
 
     def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None, *,
                 mask: Tensor | None = None, causal: bool = False,
@@ -164,9 +222,12 @@ class MultiHeadAttention(nn.Module):
         key = query if key is None else key
         value = key if value is None else value
         self._check_inputs(query, key, value)
+        H_kv = self.num_kv_heads
         q = self.hook_q(self.split_heads(self.q_proj(query)))  # (B, H, L_q, D)
-        k = self.hook_k(self.split_heads(self.k_proj(key)))  # (B, H, L_k, D)
-        v = self.hook_v(self.split_heads(self.v_proj(value)))  # (B, H, L_k, D)
+        k = self.hook_k(self.split_heads(self.k_proj(key), H_kv))  # (B, H_kv, L_k, D)
+        v = self.hook_v(self.split_heads(self.v_proj(value), H_kv))  # (B, H_kv, L_k, D)
+        if self.q_norm is not None:  # QK-norm: each head's vector, before the rotation
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary is not None:
             offset = cache.seen if cache is not None and positions is None else 0
             q, k = self.rotary(q, k, positions, offset=offset)
@@ -176,24 +237,40 @@ class MultiHeadAttention(nn.Module):
         if cache is not None:
             out, weights = cache.attend(self.attention, q, k, v, causal=causal, mask=mask,
                                         need_weights=need_weights or explicit,
-                                        dropout_p=dropout_p)
+                                        dropout_p=dropout_p, scale=self.scale)
             if explicit:
                 weights = self._look_at_cached_pattern(weights, need_weights)
         elif explicit:
-            out, weights = self._attend_explicit(q, k, v, mask, causal, dropout_p)
+            groups = self.num_heads // H_kv
+            out, weights = self._attend_explicit(q, repeat_kv(k, groups), repeat_kv(v, groups),
+                                                 mask, causal, dropout_p)
             weights = weights if need_weights else None
         else:
-            out, weights = self.attention(q, k, v, causal=causal, mask=mask,
-                                          need_weights=need_weights, dropout_p=dropout_p)
+            out, weights = attend_kind(self.attention, q, k, v, mask, causal=causal,
+                                       need_weights=need_weights, dropout_p=dropout_p,
+                                       scale=self.scale)
         # Heads back to the feature dim (the transpose the seed warns about forgetting).
         z = self.hook_z(out.transpose(1, 2))  # (B, L_q, H, D)
+        if self.hook_result.listening():
+            return self._project_per_head(z), weights
         return self.out_proj(z.flatten(2)), weights  # (B, L_q, E)
+
+    def _project_per_head(self, z: Tensor) -> Tensor:
+        """``out_proj`` as a sum of per-head terms, through ``hook_result``.
+
+        ``W_O`` ``(E, H * D)`` viewed as ``(E, H, D)``; head ``h`` contributes
+        ``z[:, :, h] @ W_O[:, h].T``; the bias is added once, after the sum.
+        """
+        weight = self.out_proj.weight.view(self.d_model, self.num_heads, self.head_dim)
+        result = self.hook_result(torch.einsum("blhd,ehd->blhe", z, weight))  # (B, L, H, E)
+        out = result.sum(dim=2)  # (B, L_q, E)
+        return out if self.out_proj.bias is None else out + self.out_proj.bias
 
     def _attend_explicit(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
                          causal: bool, dropout_p: float) -> tuple[Tensor, Tensor]:
         """``normalize(scores) @ v`` with the scores and the pattern passed through hooks."""
-        scores = self.hook_attn_scores(
-            self.attention.scores(q, k, causal=causal, mask=mask))  # (B, H, L_q, L_k)
+        scores = self.hook_attn_scores(self.attention.scores(
+            q, k, causal=causal, mask=mask, scale=self.scale))  # (B, H, L_q, L_k)
         pattern = self.hook_pattern(self.attention.normalize(scores))  # (B, H, L_q, L_k)
         dropped = F.dropout(pattern, p=dropout_p) if dropout_p > 0.0 else pattern
         out = torch.matmul(dropped, v.to(pattern.dtype)).to(v.dtype)  # (B, H, L_q, D)
@@ -236,7 +313,14 @@ class MultiHeadAttention(nn.Module):
             )
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, num_heads={self.num_heads}, dropout={self.dropout}"
+        extra = ""
+        if self.num_kv_heads != self.num_heads:
+            extra += f", num_kv_heads={self.num_kv_heads}"
+        if self.head_dim * self.num_heads != self.d_model:
+            extra += f", head_dim={self.head_dim}"
+        if self.scale is not None:
+            extra += f", scale={self.scale}"
+        return f"d_model={self.d_model}, num_heads={self.num_heads}{extra}, dropout={self.dropout}"
 
 
 class FeedForward(nn.Module):
@@ -274,6 +358,56 @@ class FeedForward(nn.Module):
         ``(B, L, d_ff)`` before and after the activation."""
         h = self.hook_pre(self.linear1(x))  # (B, L, d_ff)
         return self.linear2(self.dropout(self.hook_post(self.activation(h))))
+
+
+class GatedFeedForward(nn.Module):
+    """Gated feed-forward (GLU family): ``down(dropout(act(gate(x)) * up(x)))``.
+
+    SwiGLU (``activation="silu"``: Llama, Mistral, Qwen) and GeGLU (``"gelu_tanh"``: Gemma)
+    (Shazeer, "GLU Variants Improve Transformer", 2020): the activation of one projection
+    gates another, element by element.
+
+    Args:
+        d_model: model dim ``E``.
+        d_ff: hidden dim (``intermediate_size``).
+        activation: applied to the gate: ``"silu"``, ``"gelu_tanh"``, ``"gelu"`` or
+            ``"relu"``.
+        bias: biases on the three projections (the families above have none).
+        dropout: dropout on the gated hidden vector.
+
+    Submodules: ``gate_proj``, ``up_proj`` (``E -> d_ff``), ``down_proj`` (``d_ff -> E``).
+
+    Hook points, ``(B, L, d_ff)``, named as TransformerLens does: ``hook_pre`` the gate before
+    the activation, ``hook_pre_linear`` the ``up`` projection, ``hook_post``
+    ``act(gate) * up``.
+
+    Raises:
+        ValueError: for non-positive dims, an unknown activation or dropout outside [0, 1).
+    """
+
+    def __init__(self, d_model: int, d_ff: int, *, activation: str = "silu", bias: bool = False,
+                 dropout: float = 0.0) -> None:
+        super().__init__()
+        check_positive_int("d_model", d_model)
+        check_positive_int("d_ff", d_ff)
+        if activation not in ACTIVATIONS:
+            raise ValueError(
+                f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}"
+            )
+        self.activation_name = activation
+        self.activation = ACTIVATIONS[activation]
+        self.gate_proj = nn.Linear(d_model, d_ff, bias=bias)
+        self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
+        self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
+        self.dropout = Dropout(check_dropout("dropout", dropout))
+        self.hook_pre, self.hook_pre_linear = HookPoint(), HookPoint()
+        self.hook_post = HookPoint()
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(B, L, E)`` -> ``(B, L, E)``."""
+        gate = self.hook_pre(self.gate_proj(x))  # (B, L, d_ff)
+        up = self.hook_pre_linear(self.up_proj(x))  # (B, L, d_ff)
+        return self.down_proj(self.dropout(self.hook_post(self.activation(gate) * up)))
 
 
 class EncoderLayer(nn.Module):
@@ -315,8 +449,8 @@ class EncoderLayer(nn.Module):
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=attn_dropout, bias=bias,
                                             attention=attention)
         self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
-        self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
-        self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
         self.dropout1 = Dropout(dropout)
         self.dropout2 = Dropout(dropout)
         self.hook_resid_pre, self.hook_resid_mid = HookPoint(), HookPoint()
@@ -348,7 +482,7 @@ class EncoderLayer(nn.Module):
 def stack_norm(first: nn.Module, final_norm: bool | nn.Module) -> nn.Module | None:
     """The norm after a stack: a LayerNorm like ``first.norm1`` (True), a module, or None."""
     if final_norm is True:
-        return nn.LayerNorm(first.d_model, eps=first.norm1.eps)
+        return LayerNorm(first.d_model, eps=first.norm1.eps)
     if isinstance(final_norm, nn.Module):
         return final_norm
     return None

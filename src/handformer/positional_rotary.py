@@ -12,6 +12,23 @@ Shape letters: ``B`` batch, ``H`` heads, ``L`` length (``L_q``/``L_k``), ``D`` h
   scores of head ``h`` (a float mask in handformer's convention), with head slopes
   ``m_h = 2^(-8 (h+1) / H)`` for ``H`` a power of two (see :func:`alibi_slopes` otherwise).
   With ``causal=True`` only ``j <= p`` remains, which is the paper's ``m_h (j - p)``.
+
+RoPE scaling (longer contexts than a model was trained on) changes the frequencies
+``theta_i``, never the rotation:
+
+* ``{"rope_type": "linear", "factor": s}``: every ``theta_i / s`` (position interpolation,
+  Chen et al. 2023).
+* ``{"rope_type": "llama3", "factor": s, "low_freq_factor": a, "high_freq_factor": b,
+  "original_max_position_embeddings": N}`` (Llama 3.1): with the wavelength
+  ``lambda_i = 2 pi / theta_i``, high frequencies (``lambda_i < N / b``) are kept, low ones
+  (``lambda_i > N / a``) divided by ``s``, and those in between interpolated smoothly:
+  ``(1 - t) theta_i / s + t theta_i`` with ``t = (N / lambda_i - a) / (b - a)``.
+
+``freq_dtype`` says in which precision ``theta_i`` is computed: float64 (handformer's own
+models) or float32, the arithmetic of Meta's and Hugging Face's code,
+``1 / base ** (float32(arange(0, D, 2)) / D)`` then the scaling above in float32, which a
+pretrained checkpoint was trained with (the two differ by ~1e-7 relative). The angles
+``p * theta_i`` are then always formed in float64.
 """
 
 from __future__ import annotations
@@ -23,7 +40,79 @@ from torch import Tensor, nn
 
 from handformer.checks import check_positive_int
 
-__all__ = ["RotaryEmbedding", "ALiBi", "alibi_slopes"]
+__all__ = ["RotaryEmbedding", "ALiBi", "alibi_slopes", "check_rotary_scaling", "rope_inv_freq",
+           "ROPE_TYPES"]
+
+ROPE_TYPES = ("linear", "llama3")
+_ROPE_KEYS = {"linear": ("factor",),
+              "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                         "original_max_position_embeddings")}
+
+
+def _positive(name: str, value: object) -> float:
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(value) or value <= 0):
+        raise ValueError(f"rotary_scaling {name} must be a positive number, got {value!r}")
+    return value
+
+
+def check_rotary_scaling(scaling: object) -> dict | None:
+    """Validate a RoPE scaling dict (see the module docstring); returns it (or None).
+
+    Raises:
+        ValueError: for a value that is not a dict, an unknown ``rope_type``, a missing or
+            unknown key, a non-positive number, or ``high_freq_factor <= low_freq_factor``.
+    """
+    if scaling is None:
+        return None
+    if not isinstance(scaling, dict):
+        raise ValueError(f"rotary_scaling must be a dict with a 'rope_type' or None, got "
+                         f"{type(scaling).__name__}")
+    kind = scaling.get("rope_type")
+    if kind not in ROPE_TYPES:
+        raise ValueError(f"rotary_scaling rope_type must be one of {list(ROPE_TYPES)}, got "
+                         f"{kind!r}")
+    keys = _ROPE_KEYS[kind]
+    missing = [k for k in keys if k not in scaling]
+    unknown = sorted(set(scaling) - set(keys) - {"rope_type"})
+    if missing or unknown:
+        raise ValueError(f"rotary_scaling of rope_type {kind!r} takes the keys {list(keys)}; "
+                         f"missing {missing}, unknown {unknown}")
+    for key in keys:
+        _positive(key, scaling[key])
+    if kind == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
+        raise ValueError(f"rotary_scaling high_freq_factor={scaling['high_freq_factor']!r} "
+                         f"must exceed low_freq_factor={scaling['low_freq_factor']!r}")
+    return scaling
+
+
+def rope_inv_freq(dim: int, base: float, *, scaling: dict | None = None,
+                  dtype: torch.dtype = torch.float64) -> Tensor:
+    """The RoPE frequencies ``theta_i`` ``(dim / 2,)`` in ``dtype``, scaled as ``scaling`` says.
+
+    float64 unscaled is ``base ** (-2i / D)`` (handformer's own models, unchanged); otherwise
+    the order of operations of Hugging Face's ``modeling_rope_utils``
+    (``1 / base ** (arange(0, D, 2) / D)``, then ``/ factor``, or llama3's wavelength bands),
+    so that float32 reproduces a pretrained checkpoint's frequencies exactly.
+    """
+    scaling = check_rotary_scaling(scaling)
+    if dtype == torch.float64 and scaling is None:
+        return base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(dtype) / dim))
+    if scaling is None:
+        return inv_freq
+    factor = scaling["factor"]
+    if scaling["rope_type"] == "linear":
+        return inv_freq / factor
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
 
 _FLOAT64: dict[str, bool] = {"cpu": True, "cuda": True}  # device type -> holds float64
 
@@ -52,23 +141,35 @@ class RotaryEmbedding(nn.Module):
     Args:
         dim: rotated features (the head dim ``D``); must be even.
         base: the frequency base (10000 in the paper).
+        scaling: RoPE scaling, ``{"rope_type": "linear" | "llama3", ...}`` (see the module
+            docstring); None: none.
+        freq_dtype: precision of the frequencies, ``torch.float64`` (the default) or
+            ``torch.float32`` (the arithmetic pretrained Llama-family checkpoints use).
 
     Raises:
-        ValueError: for an odd or non-positive ``dim`` or ``base <= 1``.
+        ValueError: for an odd or non-positive ``dim``, ``base <= 1``, an invalid
+            ``scaling`` or a ``freq_dtype`` other than float32/float64.
     """
 
-    def __init__(self, dim: int, *, base: float = 10000.0) -> None:
+    def __init__(self, dim: int, *, base: float = 10000.0, scaling: dict | None = None,
+                 freq_dtype: torch.dtype = torch.float64) -> None:
         super().__init__()
         check_positive_int("dim", dim)
         if dim % 2:
             raise ValueError(f"dim must be even for rotary embeddings, got {dim}")
         if isinstance(base, bool) or not isinstance(base, (int, float)) or base <= 1:
             raise ValueError(f"base must be a number > 1, got {base!r}")
+        if freq_dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"freq_dtype must be torch.float32 or torch.float64, got "
+                             f"{freq_dtype!r}")
         self.dim = dim
         self.base = float(base)
-        # theta_i in float64; a plain attribute, not a buffer, so model.to(float16) keeps it
-        # (and model.to("mps") does not try to put a float64 tensor where there is none).
-        self._inv_freq = self.base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+        self.scaling = check_rotary_scaling(scaling)
+        self.freq_dtype = freq_dtype
+        # theta_i held in float64; a plain attribute, not a buffer, so model.to(float16) keeps
+        # it (and model.to("mps") does not try to put a float64 tensor where there is none).
+        self._inv_freq = rope_inv_freq(dim, self.base, scaling=self.scaling,
+                                       dtype=freq_dtype).to(torch.float64)
 
     def cos_sin(self, positions: Tensor, dtype: torch.dtype, device: torch.device
                 ) -> tuple[Tensor, Tensor]:
@@ -131,7 +232,9 @@ class RotaryEmbedding(nn.Module):
         return self.rotate_with(q, cos, sin), self.rotate_with(k, cos, sin)
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, base={self.base}"
+        extra = "" if self.scaling is None else f", scaling={self.scaling}"
+        extra += ", freq_dtype=torch.float32" if self.freq_dtype == torch.float32 else ""
+        return f"dim={self.dim}, base={self.base}{extra}"
 
 
 def alibi_slopes(num_heads: int) -> Tensor:

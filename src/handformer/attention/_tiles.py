@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from handformer.attention.functional import soft_cap
 from handformer.checks import check_scale
 
 __all__ = ["BLOCK", "GROUP", "Partial", "prepare", "score_scale", "as_2d_mask", "mask_tile",
@@ -138,8 +139,8 @@ def _lse(scores: Tensor, weights: Tensor) -> Tensor:
 def band_partial(q: Tensor, k: Tensor, v: Tensor, *, pos_offset: int, lo: int | None,
                  hi: int | None, key_start: int = 0, key_stop: int | None = None,
                  mask: Tensor | None = None, need_lse: bool = False,
-                 need_weights: bool = False, block: int = BLOCK, scale: float = 1.0
-                 ) -> Partial:
+                 need_weights: bool = False, block: int = BLOCK, scale: float = 1.0,
+                 softcap: float | None = None) -> Partial:
     """Softmax attention over the band ``lo <= j - p <= hi``, ``key_start <= j < key_stop``.
 
     Args:
@@ -153,6 +154,8 @@ def band_partial(q: Tensor, k: Tensor, v: Tensor, *, pos_offset: int, lo: int | 
         need_weights: also return dense ``(..., L_q, L_k)`` weights.
         block: query rows per tile.
         scale: a factor still to apply to the scores (1 when ``q`` is prepared).
+        softcap: soft-cap ``softcap * tanh(s / softcap)`` of each scaled score tile before
+            masking (None: none; a cap takes the explicit tile path).
 
     Returns:
         A :class:`Partial`.
@@ -160,8 +163,9 @@ def band_partial(q: Tensor, k: Tensor, v: Tensor, *, pos_offset: int, lo: int | 
     L_q, L_k = q.shape[-2], k.shape[-2]
     key_stop = L_k if key_stop is None else min(key_stop, L_k)
     key_start = max(key_start, 0)
-    if (mask is None and not need_weights and lo is not None and hi is not None
-            and hi - lo < key_stop - key_start):  # wider bands: the per-block clipping wins
+    # (wider bands: the per-block clipping wins)
+    if (mask is None and not need_weights and softcap is None and lo is not None
+            and hi is not None and hi - lo < key_stop - key_start):
         return _uniform_band(q, k, v, pos_offset, lo, hi, key_start, key_stop, need_lse, block,
                              scale)
     if scale != 1.0:
@@ -187,7 +191,7 @@ def band_partial(q: Tensor, k: Tensor, v: Tensor, *, pos_offset: int, lo: int | 
         if key not in templates:
             templates[key] = _band_template(n, c1 - c0, shift, lo, hi, q.device)
         scores = torch.matmul(q[..., r0:r1, :], k[..., c0:c1, :].transpose(-2, -1))
-        # scores: (..., n, m)
+        scores = soft_cap(scores, softcap)  # (..., n, m)
         blocked, empty = templates[key]
         w, lse = tile_softmax(scores, blocked, mask_tile(mask, r0, r1, c0, c1), need_lse,
                               empty=empty)

@@ -33,8 +33,16 @@ tokens. Decoding is causal: ``causal=True`` is required.
 A single new token (the usual decoding step) sits at the last position and every held key is
 at or before it, so the kind is then called with ``causal=False``: same result, fewer ops.
 
-Shape letters: ``B`` batch, ``H`` heads, ``L`` length (``L_new`` new tokens, ``L_k`` keys held),
-``D`` head dim, ``D_v`` value dim.
+Grouped-query attention: the caches hold the keys and values as the layer made them,
+``H_kv`` heads (fewer than the ``H`` query heads), so their memory is ``H_kv / H`` of
+multi-head attention's. They are expanded to the query heads only where a kernel needs it:
+the decoding step of full attention reads them grouped, the queries reshaped to
+``(B, H_kv, G, D)`` (``G = H / H_kv`` queries per key head) against the held
+``(B, H_kv, L_k, D)``, with no copy; full attention over several new tokens passes
+``enable_gqa=True`` to torch's kernel; the other kinds get repeated keys and values.
+
+Shape letters: ``B`` batch, ``H`` heads (``H_kv`` key/value heads), ``L`` length (``L_new`` new
+tokens, ``L_k`` keys held), ``D`` head dim, ``D_v`` value dim.
 """
 
 from __future__ import annotations
@@ -45,7 +53,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from handformer.attention.kinds import AttentionKind, FullAttention
+from handformer.attention.functional import kv_groups, repeat_kv
+from handformer.attention.kinds import AttentionKind, FullAttention, attend_kind
 from handformer.attention.linear import LinearAttention, LinearAttentionState
 from handformer.attention.local import LocalAttention
 from handformer.checks import check_window_size
@@ -59,6 +68,7 @@ __all__ = [
     "LinearStateCache",
     "DecodingCache",
     "cache_for",
+    "grouped_step",
 ]
 
 
@@ -92,6 +102,7 @@ def _check_step(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> None:
             f"with a cache, queries and new keys come from the same tokens: q has "
             f"{q.shape[2]}, k has {k.shape[2]}"
         )
+    kv_groups(q, k)  # the key/value heads divide the query heads
 
 
 def _check_capacity(capacity: object) -> int:
@@ -112,22 +123,43 @@ def _join_keep(old: Tensor | None, n_old: int, new: Tensor | None, B: int, L_new
     return torch.cat([old, new], dim=1)  # (B, n_old + L_new)
 
 
+def grouped_step(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None,
+                 scale: float | None) -> Tensor:
+    """Fused attention of one new token per sequence over held keys, read grouped.
+
+    ``q: (B, H, 1, D)``, ``k: (B, H_kv, L_k, D)``, ``v: (B, H_kv, L_k, D_v)``: the ``G``
+    query heads of a key head become ``G`` queries of one problem (a view, no copy of the
+    keys), ``(B, H_kv, G, D)``. ``key_mask`` broadcasts to ``(B, 1, 1, L_k)``.
+
+    Returns:
+        ``(B, H, 1, D_v)``.
+    """
+    B, H, _, D = q.shape
+    H_kv = k.shape[1]
+    if H_kv == H:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, scale=scale)
+    grouped = q.reshape(B, H_kv, H // H_kv, D)  # (B, H, 1, D) -> (B, H_kv, G, D)
+    out = F.scaled_dot_product_attention(grouped, k, v, attn_mask=key_mask, scale=scale)
+    return out.reshape(B, H, 1, v.shape[-1])  # (B, H_kv, G, D_v) -> (B, H, 1, D_v)
+
+
 def _attend_held(attention: AttentionKind, q: Tensor, k: Tensor, v: Tensor,
                  key_mask: Tensor | None, new_tokens_real: bool, *, causal: bool,
                  need_weights: bool, dropout_p: float, scale: float | None
                  ) -> tuple[Tensor, Tensor | None]:
     """Attend from the new queries to the held keys with the layer's kind.
 
-    The usual decoding step of full attention (one real new token, no weights, no dropout)
-    goes straight to torch's fused kernel: its inputs come from the layer (shapes already
-    right) and the token's own key is always allowed, so neither the kind's argument checks
-    nor its guard for rows without any allowed key are needed. Same numbers.
+    The usual decoding step of full attention (one real new token, no weights, no dropout,
+    no soft-cap) goes straight to torch's fused kernel (:func:`grouped_step`): its inputs
+    come from the layer (shapes already right) and the token's own key is always allowed,
+    so neither the kind's argument checks nor its guard for rows without any allowed key
+    are needed. Same numbers.
     """
-    if (type(attention) is FullAttention and q.shape[-2] == 1 and new_tokens_real
-            and not need_weights and dropout_p == 0.0):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, scale=scale), None
-    return attention(q, k, v, key_mask, causal=causal, need_weights=need_weights,
-                     dropout_p=dropout_p, scale=scale)
+    if (type(attention) is FullAttention and attention.softcap is None and q.shape[-2] == 1
+            and new_tokens_real and not need_weights and dropout_p == 0.0):
+        return grouped_step(q, k, v, key_mask, scale), None
+    return attend_kind(attention, q, k, v, key_mask, causal=causal, need_weights=need_weights,
+                       dropout_p=dropout_p, scale=scale)
 
 
 class LayerCache:
@@ -292,18 +324,27 @@ class StaticKVCache(LayerCache):
 
     Only for attention kinds that attend to every allowed key (full attention): a kind with
     its own pattern (local, strided) places it relative to the last key, which here is the
-    end of the buffer.
+    end of the buffer. A causal sliding-window layer (``LocalAttention(w, causal=True)``) is
+    served by ``window_size=w``: its window goes into the key mask (``slot of the query -
+    w // 2 <= j``) and the attention is full attention with the layer's soft-cap, the same
+    numbers as the rolling window (it holds every token, not just the window).
 
     Args:
         capacity: the most tokens the cache will hold (prompt plus new tokens).
+        window_size: a causal sliding window (odd) to apply through the key mask; None:
+            none.
+        softcap: the sliding-window layer's soft-cap (only with ``window_size``).
 
     Raises:
         ValueError: for a ``capacity`` that is not a positive integer; when more tokens
             than ``capacity`` are fed.
     """
 
-    def __init__(self, capacity: int) -> None:  # no super().__init__(): ``seen`` is derived
+    def __init__(self, capacity: int, *, window_size: int | None = None,
+                 softcap: float | None = None) -> None:  # no super().__init__(): see seen
         self.capacity = _check_capacity(capacity)
+        self.window_size = None if window_size is None else check_window_size(window_size)
+        self._window_kind = None if window_size is None else FullAttention(softcap=softcap)
         self._k: Tensor | None = None  # (B, H, capacity, D)
         self._v: Tensor | None = None  # (B, H, capacity, D_v)
         self._filled: Tensor | None = None  # (B, capacity) bool: a real token in this slot
@@ -353,8 +394,11 @@ class StaticKVCache(LayerCache):
         if keep_new is not None:
             self._filled.index_copy_(1, slots, keep_new)
         # (B, 1, L_new, capacity): a written, real key at or before the query's own slot.
-        key_mask = (self._filled[:, None, None, :]
-                    & (self._key_pos <= slots[:, None])[None, None])
+        reach = self._key_pos <= slots[:, None]  # (L_new, capacity)
+        if self.window_size is not None:  # ... and within the sliding window
+            reach = reach & (self._key_pos >= slots[:, None] - self.window_size // 2)
+            attention = self._window_kind
+        key_mask = self._filled[:, None, None, :] & reach[None, None]
         self._slot += L_new
         return _attend_held(attention, q, self._k, self._v, key_mask, keep_new is None,
                             causal=False, need_weights=need_weights, dropout_p=dropout_p,
@@ -402,8 +446,8 @@ class WindowKVCache(LayerCache):
         key_mask = None if keep_all is None else keep_all[:, None, None, :]  # (B, 1, 1, L_k)
         # Positions are relative: the held keys are the ones just before the new tokens, and
         # the window only looks at differences p - j, so bottom-right alignment is exact.
-        out = attention(q, k_all, v_all, key_mask, causal=L_new > 1,
-                        need_weights=need_weights, dropout_p=dropout_p, scale=scale)
+        out = attend_kind(attention, q, k_all, v_all, key_mask, causal=L_new > 1,
+                          need_weights=need_weights, dropout_p=dropout_p, scale=scale)
         start = k_all.shape[2] - min(self.keep_last, k_all.shape[2])
         # .clone() so the window does not keep the whole prompt's storage alive.
         self._k = k_all[:, :, start:].clone()  # (B, H, <= keep_last, D)
@@ -411,6 +455,34 @@ class WindowKVCache(LayerCache):
         self._keep = None if keep_all is None else keep_all[:, start:].clone()
         self.seen += L_new
         return out
+
+
+    def push(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Add the keys and values of real new tokens, with no checks (a trusted caller).
+
+        What :class:`~handformer.models.plain_step.PlainDecodeStep` calls for each new token
+        of a sliding-window layer: the held window plus the new keys (every one of them
+        within the window of a single new query), then the window rolls on.
+
+        Args:
+            k: ``(B, H, L_new, D)`` keys of real tokens (no padding among them).
+            v: ``(B, H, L_new, D_v)`` their values.
+
+        Returns:
+            ``(keys, values, key_mask)``: ``(B, H, L_k, D)``, ``(B, H, L_k, D_v)`` and the
+            ``(B, 1, 1, L_k)`` bool key mask (None when no padding is held).
+        """
+        B, _, L_new, _ = k.shape
+        keep_all = (None if self._keep is None
+                    else _join_keep(self._keep, self.num_keys, None, B, L_new, k.device))
+        k_all = k if self._k is None else torch.cat([self._k, k], dim=2)  # (B, H, L_k, D)
+        v_all = v if self._v is None else torch.cat([self._v, v], dim=2)  # (B, H, L_k, D_v)
+        start = k_all.shape[2] - min(self.keep_last, k_all.shape[2])
+        # views of a window-sized tensor (no clone needed: it holds nothing more)
+        self._k, self._v = k_all[:, :, start:], v_all[:, :, start:]
+        self._keep = None if keep_all is None else keep_all[:, start:]
+        self.seen += L_new
+        return k_all, v_all, None if keep_all is None else keep_all[:, None, None, :]
 
 
 class LinearStateCache(LayerCache):
@@ -458,7 +530,9 @@ class LinearStateCache(LayerCache):
         key_mask = None if keep_new is None else keep_new[:, None, None, :]  # (B, 1, 1, L_new)
         # Cache masks are boolean, so the state never holds a float-bias maximum here.
         state = None if self.S is None else LinearAttentionState(kv=self.S, k_sum=self.z)
-        out, state = attention.step(q, k, v, state, mask=key_mask, scale=scale)
+        groups = kv_groups(q, k)  # the state is per query head
+        out, state = attention.step(q, repeat_kv(k, groups), repeat_kv(v, groups), state,
+                                    mask=key_mask, scale=scale)
         self.S, self.z = state.kv, state.k_sum  # (B, H, D, D_v), (B, H, D)
         if self._count is None:
             self._count = torch.zeros((), dtype=torch.long, device=q.device)
@@ -470,7 +544,8 @@ def cache_for(attention: AttentionKind, *, capacity: int | None = None,
               static: bool = False) -> LayerCache:
     """The cache an attention kind needs for decoding.
 
-    Local attention gets a :class:`WindowKVCache`, linear attention a
+    Local attention gets a :class:`WindowKVCache` (with ``static=True``, a causal local kind
+    a :class:`StaticKVCache` with its window), linear attention a
     :class:`LinearStateCache` (both of a fixed size already), full attention a
     :class:`KVCache` (a :class:`StaticKVCache` with ``static=True``), every other kind
     (strided, ...) a :class:`KVCache`.
@@ -490,6 +565,9 @@ def cache_for(attention: AttentionKind, *, capacity: int | None = None,
     if static and capacity is None:
         raise ValueError("static=True needs a capacity (the most tokens the cache will hold)")
     if isinstance(attention, LocalAttention):
+        if static and attention.causal:  # a decoder's sliding-window layer, compiled
+            return StaticKVCache(capacity, window_size=attention.window_size,
+                                 softcap=attention.softcap)
         return WindowKVCache(attention.window_size)
     if isinstance(attention, LinearAttention):
         return LinearStateCache()

@@ -12,7 +12,13 @@ What differs from the seed's version (section 2 of the tutorial):
   combined once and applied with ``-inf``; a row with no allowed key returns zeros and zero
   gradients instead of NaN.
 * Softmax runs in float32 for float16/bfloat16 inputs.
-* Without ``need_weights`` (and without dropout) it calls torch's fused kernel.
+* Without ``need_weights`` (and without dropout or a soft-cap) it calls torch's fused kernel.
+* Optional attention-logit soft-capping (Gemma 2): ``softcap * tanh(scores / softcap)``,
+  applied to the scaled scores before any mask or bias.
+* Optional grouped-query attention (``enable_gqa=True``): ``k`` and ``v`` may have fewer heads
+  ``H_kv`` (dim ``-3``) than ``q``'s ``H``, ``H_kv`` dividing ``H``; query head ``h`` reads
+  key/value head ``h // (H / H_kv)``. The fused kernel takes them as they are; the explicit
+  path repeats them (:func:`repeat_kv`).
 """
 
 from __future__ import annotations
@@ -23,15 +29,55 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from handformer.checks import check_scale
+from handformer.checks import check_scale, check_softcap
 from handformer.masks import causal_mask, check_mask
 
 __all__ = ["scaled_dot_product_attention", "check_qkv", "combine_masks", "masked_scores",
-           "masked_softmax"]
+           "masked_softmax", "soft_cap", "repeat_kv", "kv_groups"]
 
 
-def check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
+def soft_cap(scores: Tensor, softcap: float | None) -> Tensor:
+    """``softcap * tanh(scores / softcap)`` (None: ``scores`` unchanged).
+
+    Bounds the logits to ``(-softcap, softcap)`` smoothly (Gemma 2's attention and final
+    logits). ``-inf`` stays ``-inf`` only if masking comes after: apply it first.
+    """
+    if softcap is None:
+        return scores
+    return torch.tanh(scores / softcap) * softcap
+
+
+def kv_groups(q: Tensor, k: Tensor) -> int:
+    """Query heads per key/value head, ``H // H_kv`` (dim ``-3``; 1 for tensors below 3-D).
+
+    Raises:
+        ValueError: if ``H_kv`` does not divide ``H``.
+    """
+    if q.dim() < 3 or k.dim() < 3 or q.shape[-3] == k.shape[-3]:
+        return 1
+    H, H_kv = q.shape[-3], k.shape[-3]
+    if H_kv < 1 or H % H_kv:
+        raise ValueError(f"grouped-query attention needs the key/value heads to divide the "
+                         f"query heads: q {tuple(q.shape)} has {H}, k {tuple(k.shape)} has {H_kv}")
+    return H // H_kv
+
+
+def repeat_kv(x: Tensor, groups: int) -> Tensor:
+    """``(..., H_kv, L, D)`` -> ``(..., H_kv * groups, L, D)``: each key/value head repeated for
+    the ``groups`` query heads that read it (head ``h`` of the result is ``h // groups``).
+    A copy; a no-op for ``groups == 1``."""
+    if groups == 1:
+        return x
+    *batch, H_kv, L, D = x.shape
+    expanded = x.unsqueeze(-3).expand(*batch, H_kv, groups, L, D)  # (..., H_kv, G, L, D)
+    return expanded.reshape(*batch, H_kv * groups, L, D)  # (..., H, L, D)
+
+
+def check_qkv(q: Tensor, k: Tensor, v: Tensor, *, enable_gqa: bool = False) -> None:
     """Validate query/key/value shapes, dtypes and devices.
+
+    With ``enable_gqa``, ``k`` and ``v`` may have fewer heads (dim ``-3``) than ``q``, a
+    divisor of its number.
 
     Raises:
         TypeError: if an input is not a floating tensor, or the dtypes differ.
@@ -62,7 +108,10 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
         raise ValueError(
             f"k and v must have the same length L_k: k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
-    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+    if enable_gqa and k.shape[:-2] == v.shape[:-2] and q.dim() == k.dim() >= 3 \
+            and q.shape[:-3] == k.shape[:-3]:
+        kv_groups(q, k)  # raises unless H_kv divides H
+    elif not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
         raise ValueError(
             f"q, k and v must have the same batch dims: q {tuple(q.shape)}, "
             f"k {tuple(k.shape)}, v {tuple(v.shape)}"
@@ -96,8 +145,9 @@ def _empty_rows(mask: Tensor) -> Tensor:
 
 
 def masked_scores(q: Tensor, k: Tensor, mask: Tensor | None, *, causal: bool = False,
-                  allowed: Tensor | None = None, scale: float | None = None) -> Tensor:
-    """The pre-softmax scores ``q k^T * scale + bias``, ``-inf`` where a key is not allowed.
+                  allowed: Tensor | None = None, scale: float | None = None,
+                  softcap: float | None = None) -> Tensor:
+    """The pre-softmax scores ``cap(q k^T * scale) + bias``, ``-inf`` where a key is not allowed.
 
     Computed in float32 for float16/bfloat16 inputs (as the softmax after it).
 
@@ -107,6 +157,8 @@ def masked_scores(q: Tensor, k: Tensor, mask: Tensor | None, *, causal: bool = F
         causal: block keys after each query's position (bottom-right aligned).
         allowed: an attention kind's boolean ``(L_q, L_k)`` pattern (None = every key).
         scale: defaults to ``1 / sqrt(D)``.
+        softcap: soft-cap ``softcap * tanh(s / softcap)`` of the scaled scores, before the
+            mask (None: no cap).
 
     Returns:
         ``(..., L_q, L_k)`` scores; rows with no allowed key are all ``-inf``.
@@ -118,7 +170,7 @@ def masked_scores(q: Tensor, k: Tensor, mask: Tensor | None, *, causal: bool = F
         scale = 1.0 / math.sqrt(q.shape[-1])
     compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     scores = torch.matmul(q.to(compute), k.to(compute).transpose(-2, -1)) * scale
-    # scores: (..., L_q, L_k)
+    scores = soft_cap(scores, softcap)  # (..., L_q, L_k)
     combined = combine_masks(mask, causal, L_q, L_k, q.device)
     if allowed is not None:
         allowed = allowed.to(q.device)
@@ -156,6 +208,8 @@ def scaled_dot_product_attention(
     scale: float | None = None,
     dropout_p: float = 0.0,
     need_weights: bool = False,
+    softcap: float | None = None,
+    enable_gqa: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Scaled dot-product attention with handformer's mask convention.
 
@@ -169,6 +223,10 @@ def scaled_dot_product_attention(
         scale: score scale (a positive number); None means ``1 / sqrt(D)``.
         dropout_p: dropout on the attention weights (pass 0 in eval mode).
         need_weights: also return the attention weights (before dropout).
+        softcap: cap the scaled scores with ``softcap * tanh(s / softcap)`` before the mask
+            (None: no cap; a cap takes the explicit path).
+        enable_gqa: ``k`` and ``v`` may have ``H_kv`` heads (dim ``-3``) dividing ``q``'s
+            ``H`` (grouped-query attention); the weights are per query head.
 
     Returns:
         ``(out, weights)``: ``out`` is ``(..., L_q, D_v)``; ``weights`` is ``(..., L_q, L_k)``
@@ -178,9 +236,10 @@ def scaled_dot_product_attention(
         TypeError: for non-tensor or integer inputs, mixed dtypes, or a mask that is neither
             bool nor floating.
         ValueError: for mismatched shapes, a mask that does not broadcast, ``L_k == 0``,
-            ``dropout_p`` outside [0, 1), or a ``scale`` that is not a positive finite number.
+            ``dropout_p`` outside [0, 1), a ``scale`` or ``softcap`` that is not a positive
+            finite number, or key/value heads that do not divide the query heads.
     """
-    check_qkv(q, k, v)
+    check_qkv(q, k, v, enable_gqa=enable_gqa)
     L_q, L_k = q.shape[-2], k.shape[-2]
     score_shape = (*q.shape[:-2], L_q, L_k)
     if mask is not None:
@@ -190,22 +249,27 @@ def scaled_dot_product_attention(
     scale = check_scale(scale)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
+    softcap = check_softcap(softcap)
+    gqa = enable_gqa and kv_groups(q, k) > 1
 
-    if not need_weights and dropout_p == 0.0:
-        return _fused(q, k, v, mask, causal, scale), None
-    return _math(q, k, v, mask, causal, scale, dropout_p, need_weights)
+    if not need_weights and dropout_p == 0.0 and softcap is None:
+        return _fused(q, k, v, mask, causal, scale, gqa), None
+    groups = kv_groups(q, k) if gqa else 1
+    return _math(q, repeat_kv(k, groups), repeat_kv(v, groups), mask, causal, scale,
+                 dropout_p, need_weights, softcap)
 
 
 def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
-           scale: float) -> Tensor:
+           scale: float, gqa: bool = False) -> Tensor:
     """torch's fused kernel, with rows that have no allowed key forced to zero."""
     L_q, L_k = q.shape[-2], k.shape[-2]
     if mask is None and causal and L_q == L_k:
         # Top-left and bottom-right alignment agree for square scores: use the fast flag.
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                              enable_gqa=gqa)
     combined = combine_masks(mask, causal, L_q, L_k, q.device)
     if combined is None:
-        return F.scaled_dot_product_attention(q, k, v, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
     empty = _empty_rows(combined)  # (..., L_q, 1)
     if q.device.type == "cpu" and not torch.compiler.is_compiling() and not bool(empty.any()):
         # The common case (e.g. padding masks): no row to fix, so skip the two extra passes
@@ -213,24 +277,25 @@ def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
         # torch.compile it would break the graph, so the general path runs there).
         return F.scaled_dot_product_attention(q, k, v, attn_mask=combined.to(q.dtype)
                                               if combined.is_floating_point() else combined,
-                                              scale=scale)
+                                              scale=scale, enable_gqa=gqa)
     # Let empty rows attend everywhere (finite softmax, no NaN), then zero their output:
     # the zero incoming gradient makes their gradients zero too.
     if combined.dtype == torch.bool:
         safe = combined | empty
     else:
         safe = combined.masked_fill(empty, 0.0).to(q.dtype)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=safe, scale=scale)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=safe, scale=scale, enable_gqa=gqa)
     return out.masked_fill(empty, 0.0)
 
 
 def _math(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float,
-          dropout_p: float, need_weights: bool) -> tuple[Tensor, Tensor | None]:
-    """Explicit softmax(q k^T * scale + bias) v, in float32 for half-precision inputs."""
+          dropout_p: float, need_weights: bool, softcap: float | None = None
+          ) -> tuple[Tensor, Tensor | None]:
+    """Explicit softmax(cap(q k^T * scale) + bias) v, in float32 for half-precision inputs."""
     L_q, L_k = q.shape[-2], k.shape[-2]
     compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     scores = torch.matmul(q.to(compute), k.to(compute).transpose(-2, -1)) * scale
-    # scores: (..., L_q, L_k)
+    scores = soft_cap(scores, softcap)  # (..., L_q, L_k)
     combined = combine_masks(mask, causal, L_q, L_k, q.device)
     if combined is None:
         weights = torch.softmax(scores, dim=-1)

@@ -5,14 +5,21 @@ Every kind is called as::
     kind(q, k, v, mask=None, *, causal=False, need_weights=False, dropout_p=0.0, scale=None)
         -> (out, weights | None)
 
-with ``q: (..., L_q, D)``, ``k: (..., L_k, D)``, ``v: (..., L_k, D_v)``, exactly like the
-functions (:func:`~handformer.attention.functional.scaled_dot_product_attention`,
-``local_attention``, ``strided_attention``, ``linear_attention``), whose pattern parameters
+(:class:`FullAttention` also takes ``enable_gqa=True``: keys and values with fewer heads than
+the queries, grouped-query attention), with ``q: (..., L_q, D)``, ``k: (..., L_k, D)``,
+``v: (..., L_k, D_v)``, exactly like the functions
+(:func:`~handformer.attention.functional.scaled_dot_product_attention`, ``local_attention``,
+``strided_attention``, ``linear_attention``), whose pattern parameters
 (``window_size=``, ``stride=``, ...) are keyword-only and held by the kind instead.
 ``scale=None`` is each kind's default (``1 / sqrt(D)`` for the softmax kinds, 1 for linear
 attention, where it multiplies ``q`` before the feature map). ``MultiHeadAttention``
 and the layers take any of them through ``attention=``. With ``need_weights=True`` every kind
 returns its effective dense ``(..., L_q, L_k)`` matrix: that is what the visualiser draws.
+
+The softmax kinds (full, local) take ``softcap=`` at construction: attention-logit
+soft-capping ``softcap * tanh(scores / softcap)`` (Gemma 2), applied to the scaled scores
+before any mask; it is part of the kind's scores (:meth:`AttentionKind.scores`, what
+``hook_attn_scores`` shows).
 """
 
 from __future__ import annotations
@@ -20,13 +27,16 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from handformer.attention.functional import (
+    kv_groups,
     masked_scores,
     masked_softmax,
+    repeat_kv,
     scaled_dot_product_attention,
 )
+from handformer.checks import check_softcap
 from handformer.masks import causal_mask
 
-__all__ = ["AttentionKind", "FullAttention", "check_no_dropout"]
+__all__ = ["AttentionKind", "FullAttention", "check_no_dropout", "attend_kind"]
 
 
 def check_no_dropout(kind: AttentionKind, dropout_p: float) -> None:
@@ -47,6 +57,8 @@ class AttentionKind(nn.Module):
     """
 
     supports_dropout: bool = False
+    supports_gqa: bool = False  # takes keys/values with fewer heads (``enable_gqa=True``)
+    softcap: float | None = None  # the softmax kinds' attention-logit soft-cap
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
                 causal: bool = False, need_weights: bool = False, dropout_p: float = 0.0,
@@ -85,12 +97,12 @@ class AttentionKind(nn.Module):
                mask: Tensor | None = None, scale: float | None = None) -> Tensor:
         """Dense pre-normalisation scores ``(..., L_q, L_k)``.
 
-        For softmax kinds: ``q k^T * scale`` plus a float mask, ``-inf`` outside the kind's
-        pattern and where a bool mask is False.
+        For softmax kinds: ``cap(q k^T * scale)`` plus a float mask, ``-inf`` outside the
+        kind's pattern and where a bool mask is False (``cap`` the kind's soft-cap, if any).
         """
         L_q, L_k = q.shape[-2], k.shape[-2]
         return masked_scores(q, k, mask, allowed=self.pattern(L_q, L_k, causal=causal),
-                             scale=scale)
+                             scale=scale, softcap=self.softcap)
 
     def normalize(self, scores: Tensor) -> Tensor:
         """Scores -> attention weights (softmax; rows with no allowed key are 0)."""
@@ -101,17 +113,49 @@ class FullAttention(AttentionKind):
     """Ordinary (dense) softmax attention: every query may attend every key.
 
     Cost O(L_q * L_k * D) time; O(L_q * L_k) memory only when weights are asked for
-    (otherwise torch's fused kernel runs).
+    or the scores are soft-capped (otherwise torch's fused kernel runs).
+
+    Args:
+        softcap: attention-logit soft-cap ``softcap * tanh(s / softcap)`` of the scaled
+            scores, before masking (None: none).
+
+    Raises:
+        ValueError: for a ``softcap`` that is not None or a positive finite number.
     """
 
     supports_dropout = True
+    supports_gqa = True
+
+    def __init__(self, *, softcap: float | None = None) -> None:
+        super().__init__()
+        self.softcap = check_softcap(softcap)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
                 causal: bool = False, need_weights: bool = False, dropout_p: float = 0.0,
-                scale: float | None = None) -> tuple[Tensor, Tensor | None]:
+                scale: float | None = None, enable_gqa: bool = False
+                ) -> tuple[Tensor, Tensor | None]:
         """See :func:`handformer.scaled_dot_product_attention`."""
         return scaled_dot_product_attention(q, k, v, mask, causal=causal, scale=scale,
-                                            dropout_p=dropout_p, need_weights=need_weights)
+                                            dropout_p=dropout_p, need_weights=need_weights,
+                                            softcap=self.softcap, enable_gqa=enable_gqa)
 
     def pattern(self, L_q: int, L_k: int, *, causal: bool = False) -> Tensor | None:
         return causal_mask(L_q, L_k) if causal else None
+
+    def extra_repr(self) -> str:
+        return "" if self.softcap is None else f"softcap={self.softcap}"
+
+
+def attend_kind(attention: AttentionKind, q: Tensor, k: Tensor, v: Tensor,
+                mask: Tensor | None, **options: object) -> tuple[Tensor, Tensor | None]:
+    """Call an attention kind with ``H_kv`` key/value heads (dim 1) for ``H`` query heads.
+
+    A kind that takes grouped keys (``supports_gqa``) gets them as they are with
+    ``enable_gqa=True``; any other gets them repeated to the query heads (a copy).
+    """
+    groups = kv_groups(q, k)
+    if groups == 1:
+        return attention(q, k, v, mask, **options)
+    if attention.supports_gqa:
+        return attention(q, k, v, mask, enable_gqa=True, **options)
+    return attention(q, repeat_kv(k, groups), repeat_kv(v, groups), mask, **options)

@@ -10,8 +10,18 @@ module path                               hook name
 ``….self_attn.hook_q``                    ``….attn.hook_q``
 ``….ff.hook_pre``                         ``….mlp.hook_pre``
 ``hook_final_norm`` (a stack's final norm) ``ln_final.hook_normalized``
+``norm.hook_scale`` (a stack's final norm) ``ln_final.hook_scale``
+``….norm1.`` (pre-attention norm)          ``….ln1.``
+``….norm3.`` (a decoder layer's pre-MLP)   ``….ln2.``
+``….norm2.`` (an encoder layer's pre-MLP)  ``….ln2.``
+``….norm2.`` (a decoder's cross-attention) ``….ln_cross.``
+``….post_attn_norm.`` / ``post_mlp_norm.`` ``….ln1_post.`` / ``….ln2_post.``
 BertModel ``embeddings.`` / ``encoder.``  (dropped: ``hook_embed``, ``blocks.0…``)
 ========================================  ==========================================
+
+A norm's ``hook_scale`` is its divisor ``(B, L, 1)`` (``sqrt(var + eps)`` for LayerNorm,
+``sqrt(mean(x^2) + eps)`` for RMSNorm), as TransformerLens' ``ln1.hook_scale``; the
+QK-norms keep their names (``blocks.0.attn.q_norm.hook_scale``).
 
 An encoder-decoder :class:`~handformer.Transformer` keeps its ``encoder.`` / ``decoder.``
 prefixes (``decoder.blocks.0.cross_attn.hook_pattern``).
@@ -26,6 +36,7 @@ from collections.abc import Callable, Iterable
 
 from torch import nn
 
+from handformer.decoder_layer import DecoderLayer
 from handformer.hooks import HookPoint
 from handformer.layers import MultiHeadAttention
 from handformer.pretrained.bert import BertModel
@@ -41,10 +52,31 @@ _RULES = (
     (re.compile(r"(^|\.)hook_final_norm$"), r"\1ln_final.hook_normalized"),
 )
 _BERT_PREFIXES = ("embeddings.", "encoder.")
+_LAYER_NORMS = re.compile(r"(^|.*\.)(norm[123]|post_attn_norm|post_mlp_norm)\.")
+_FINAL_NORM = re.compile(r"^((?:encoder|decoder)\.)?norm\.")
+_LAYER_NORM_NAMES = {"norm1": "ln1", "norm3": "ln2", "post_attn_norm": "ln1_post",
+                     "post_mlp_norm": "ln2_post"}
+
+
+def _norm_name(model: nn.Module, path: str) -> str:
+    """Rename a norm's segment of ``path`` (``norm1`` -> ``ln1``, ...; see the table)."""
+    match = _LAYER_NORMS.match(path)
+    if match:
+        owner, segment = match.group(1), match.group(2)
+        if segment == "norm2":
+            layer = model.get_submodule(owner.rstrip(".")) if owner else model
+            new = "ln_cross" if isinstance(layer, DecoderLayer) else "ln2"
+        else:
+            new = _LAYER_NORM_NAMES[segment]
+        return f"{owner}{new}.{path[match.end():]}"
+    if not isinstance(model, BertModel):
+        return _FINAL_NORM.sub(r"\1ln_final.", path)
+    return path
 
 
 def hook_name(model: nn.Module, path: str) -> str:
     """The hook name of the module at ``path`` inside ``model``."""
+    path = _norm_name(model, path)
     if isinstance(model, BertModel):
         for prefix in _BERT_PREFIXES:
             if path.startswith(prefix):

@@ -2,12 +2,14 @@
 
 Shape letters: ``B`` batch, ``L`` length (new tokens), ``E`` model dim, ``V`` vocabulary.
 
-Reads top to bottom: token embedding + positions (learned, sinusoidal, or rotary inside the
-attention) -> ``num_layers`` causal :class:`~handformer.DecoderLayer` blocks without
-cross-attention -> final LayerNorm (pre-LN models) -> LM head (optionally tied to the token
-embedding). Positions count real tokens only, so left-padded prompts get the positions they
-would have alone. The configuration is a :class:`CausalLMConfig` saved as ``config.json``
-beside ``model.safetensors``.
+Reads top to bottom: token embedding (times ``embed_scale``, Gemma) + positions (learned,
+sinusoidal, or rotary inside the attention) -> ``num_layers`` causal
+:class:`~handformer.DecoderLayer` blocks without cross-attention (each with its attention
+kind and rotary embedding: full or sliding-window layers, ``layer_types``) -> final norm
+(pre-norm models; LayerNorm or RMSNorm) -> LM head (optionally tied to the token embedding)
+-> optional final-logit soft-cap (Gemma 2). Positions count real tokens only, so left-padded
+prompts get the positions they would have alone. The configuration is a
+:class:`CausalLMConfig` saved as ``config.json`` beside ``model.safetensors``.
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from handformer.attention.cache import DecodingCache, cache_for
+from handformer.attention.functional import soft_cap
 from handformer.decoder_layer import DecoderLayer
 from handformer.hooks import HookPoint
 from handformer.layers import Dropout
 from handformer.masks import from_hf_attention_mask
 from handformer.models.causal_lm_config import CausalLMConfig
 from handformer.models.plain_step import PlainDecodeStep
+from handformer.norms import make_norm
 from handformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from handformer.positional_rotary import RotaryEmbedding
 from handformer.weights import load_safetensors
@@ -79,19 +83,32 @@ class CausalLM(nn.Module):
             self.pos_emb = SinusoidalPositionalEncoding(c.d_model, max_len=c.max_len)
         else:
             self.pos_emb = None
-        rotary = (RotaryEmbedding(c.head_dim, base=c.rotary_base)
-                  if c.positional == "rotary" else None)
+        rotary = local_rotary = None
+        if c.positional == "rotary":
+            freq_dtype = torch.float32 if c.rotary_freq_dtype == "float32" else torch.float64
+            rotary = local_rotary = RotaryEmbedding(c.head_dim, base=c.rotary_base,
+                                                    scaling=c.rotary_scaling,
+                                                    freq_dtype=freq_dtype)
+            if c.rotary_local_base is not None:
+                local_rotary = RotaryEmbedding(c.head_dim, base=c.rotary_local_base,
+                                               freq_dtype=freq_dtype)
         self.drop = Dropout(c.dropout)
         self.layers = nn.ModuleList(
             DecoderLayer(c.d_model, c.num_heads, c.d_ff, dropout=c.dropout,
                          activation=c.activation, norm_first=c.norm_first,
                          layer_norm_eps=c.layer_norm_eps, bias=c.bias,
-                         attention=c.make_attention(), cross_attention=False, rotary=rotary)
-            for _ in range(c.num_layers)
+                         attention=c.make_attention(i), cross_attention=False,
+                         rotary=local_rotary if c.layer_type(i) == "local" else rotary,
+                         norm=c.norm, norm_offset=c.norm_offset, mlp=c.mlp,
+                         mlp_bias=c.mlp_bias, sandwich_norm=c.sandwich_norm,
+                         num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+                         qkv_bias=c.qkv_bias, out_bias=c.out_bias, qk_norm=c.qk_norm,
+                         attn_scale=c.attn_scale)
+            for i in range(c.num_layers)
         )
-        self.norm = (nn.LayerNorm(c.d_model, eps=c.layer_norm_eps, bias=c.bias)
-                     if c.norm_first else None)
-        self.hook_embed = HookPoint()  # token embeddings (B, L, E)
+        self.norm = (make_norm(c.norm, c.d_model, eps=c.layer_norm_eps, offset=c.norm_offset,
+                               bias=c.bias) if c.norm_first else None)
+        self.hook_embed = HookPoint()  # token embeddings (B, L, E), times embed_scale
         if c.positional in ("learned", "sinusoidal"):
             self.hook_pos_embed = HookPoint()  # position embeddings (B, L, E)
         if self.norm is not None:  # hook point ln_final.hook_normalized
@@ -189,7 +206,10 @@ class CausalLM(nn.Module):
             ``(logits, attentions)``: ``(B, L, V)`` and a tuple of per-layer weights (or
             None).
         """
-        x = self.hook_embed(self.tok_emb(input_ids))  # (B, L, E)
+        x = self.tok_emb(input_ids)  # (B, L, E)
+        if self.config.embed_scale is not None:  # rounded to the dtype, as the references do
+            x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
+        x = self.hook_embed(x)
         if isinstance(self.pos_emb, LearnedPositionalEmbedding):
             # embedding() is index_select: one op, where weight[positions] is a gather
             x = x + self.hook_pos_embed(F.embedding(positions, self.pos_emb.weight))  # (B, L, E)
@@ -206,7 +226,7 @@ class CausalLM(nn.Module):
             attentions.append(weights)
         if self.norm is not None:
             x = self.hook_final_norm(self.norm(x))
-        logits = self.lm_head(x)  # (B, L, V)
+        logits = soft_cap(self.lm_head(x), self.config.final_softcap)  # (B, L, V)
         return logits, (tuple(attentions) if need_weights else None)
 
     def decode_step(self, input_ids: Tensor, cache: DecodingCache,

@@ -1,7 +1,7 @@
 """The decoding step of a :class:`~handformer.CausalLM` as plain tensor functions.
 
-Shape letters: ``B`` batch, ``H`` heads, ``D`` head dim, ``E`` model dim, ``V`` vocabulary,
-``L_k`` keys held by a layer's cache.
+Shape letters: ``B`` batch, ``H`` heads (``H_kv`` key/value heads, ``G = H / H_kv``), ``D`` head
+dim, ``E`` model dim, ``V`` vocabulary, ``L_k`` keys held by a layer's cache.
 
 Why it exists. One decoding step of a small model is little arithmetic (about 7 MFLOP for 4
 layers of width 256) and many small calls: through the modules (``CausalLM.run`` ->
@@ -11,17 +11,23 @@ that overhead, not the matrix products, is most of the step's time on a CPU. Thi
 computes the same numbers, reading each layer's parameters once per ``generate`` call, with
 nothing between the tensor operations. Per layer (pre-LN, as GPT-2)::
 
-    h = layer_norm(x)                       # (B, E)
-    q, k, v = linear(h, W_q), ..., ...      # (B, E) each, viewed as (B, H, 1, D)
-    q, k = rotate(q), rotate(k)             # rotary positions only
-    K, V, mask = cache.push(k, v)           # written in place: (B, H, L_k, D)
-    x = x + linear(sdpa(q, K, V, mask), W_o)
-    x = x + linear(act(linear(layer_norm(x), W_1)), W_2)
+    h = norm1(x)                            # (B, E); LayerNorm or RMSNorm
+    q, k, v = linear(h, W_q), ..., ...      # viewed as (B, H, 1, D), (B, H_kv, 1, D) x 2
+    q, k = q_norm(q), k_norm(k)             # QK-norm only
+    q, k = rotate(q), rotate(k)             # rotary positions only (the layer's own table)
+    K, V, mask = cache.push(k, v)           # (B, H_kv, L_k, D); full: written in place,
+                                            # sliding: the rolling window plus the new key
+    a = attend(q as (B, H_kv, G, D), K, V)  # grouped, no copy of K/V; soft-capped if asked
+    x = x + post_attn_norm(linear(a, W_o))  # sandwich norms only
+    x = x + post_mlp_norm(mlp(norm3(x)))    # plain: W_2 act(W_1 h); gated: W_d (act(W_g h) * W_u h)
 
-(post-LN layers put the norm after each residual sum instead). It is what
+(post-LN layers put the norm after each residual sum instead); the embedding is scaled
+(``embed_scale``) and the logits soft-capped (``final_softcap``) when the config says so.
+Every weight is read once per step (a Llama-shaped model streams its weights once, which is
+the floor of a memory-bound step). It is what
 :func:`~handformer.models.generation.generate` runs for every new token after the prompt
-when the model allows it (full attention, no hooks
-listening; see :func:`plain_step_refusal`), and it gives the tokens of the module path
+when the model allows it (full and sliding-window attention,
+no hooks listening; see :func:`plain_step_refusal`), and it gives the tokens of the module path
 (tested to 1e-5 on the logits against a recompute of the whole sequence, and greedy tokens
 identical to transformers' GPT-2). The modules stay the reference and the readable path:
 the prompt, hooks, weights and every other attention kind go through them.
@@ -37,42 +43,76 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules import module as torch_module
 
-from handformer.attention.cache import DecodingCache, KVCache
+from handformer.attention.cache import DecodingCache, KVCache, WindowKVCache, grouped_step
+from handformer.attention.functional import soft_cap
 from handformer.attention.kinds import FullAttention
+from handformer.attention.local import LocalAttention
 from handformer.decoder_layer import DecoderLayer
+from handformer.layers import FeedForward, GatedFeedForward
+from handformer.norms import LayerNorm, RMSNorm
 from handformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from handformer.positional_rotary import RotaryEmbedding
 
 __all__ = ["PlainDecodeStep", "plain_step_refusal"]
 
+Linear = tuple[Tensor, "Tensor | None"]  # weight (out, in), bias (out,) or None
+
+
+@dataclass(frozen=True)
+class _Norm:
+    """A norm's parameters, read once: LayerNorm ``(weight, bias)`` or RMSNorm with its
+    offset folded into the weight (``offset + w``, computed once per ``generate`` call)."""
+
+    rms: bool
+    weight: Tensor | None
+    bias: Tensor | None
+    eps: float
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if not self.rms:
+            return torch.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+        if x.dtype in (torch.float16, torch.bfloat16):  # as RMSNorm: in float32
+            return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(),
+                              self.eps).to(x.dtype)
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
 
 @dataclass(frozen=True)
 class _Layer:
-    """One decoder layer's parameters and cache, read once (None: no bias)."""
+    """One decoder layer's parameters and cache, read once (None: no bias / no such norm)."""
 
     norm_first: bool
-    eps: float
-    norm1: tuple[Tensor | None, Tensor | None]  # LayerNorm weight, bias: (E,)
-    norm3: tuple[Tensor | None, Tensor | None]
-    q: tuple[Tensor, Tensor | None]  # Linear weight (E, E), bias (E,)
-    k: tuple[Tensor, Tensor | None]
-    v: tuple[Tensor, Tensor | None]
-    out: tuple[Tensor, Tensor | None]
-    ff1: tuple[Tensor, Tensor | None]  # (d_ff, E), (d_ff,)
-    ff2: tuple[Tensor, Tensor | None]  # (E, d_ff), (E,)
+    norm1: _Norm
+    norm3: _Norm
+    post_attn: _Norm | None
+    post_mlp: _Norm | None
+    q: Linear  # (H * D, E)
+    k: Linear  # (H_kv * D, E)
+    v: Linear
+    out: Linear  # (E, H * D)
+    q_norm: _Norm | None  # (D,)
+    k_norm: _Norm | None
+    gated: bool
+    ff1: Linear  # plain: linear1 (d_ff, E); gated: gate_proj
+    ff2: Linear  # plain: linear2 (E, d_ff); gated: down_proj
+    up: Linear | None  # gated: up_proj (d_ff, E)
     activation: Callable[[Tensor], Tensor]
-    cache: KVCache
+    rotary: RotaryEmbedding | None
+    scale: float | None
+    softcap: float | None
+    cache: KVCache | WindowKVCache
 
 
 def plain_step_refusal(model: nn.Module, cache: DecodingCache | None) -> str | None:
     """Why the plain step cannot stand in for the modules of ``model``, a
     :class:`~handformer.CausalLM` (None: it can).
 
-    It covers a CausalLM whose layers use full attention with the
-    default scale and plain :class:`~handformer.attention.cache.KVCache` caches, in eval mode
-    (dropout off), with no PyTorch forward hooks anywhere: those would not run, since the
-    modules are not called. Handformer's own hook points are checked at every step
-    (``generate`` asks ``hooks_active()`` before each step).
+    It covers a CausalLM whose layers use full attention (plain
+    :class:`~handformer.attention.cache.KVCache` caches) or sliding-window attention (its
+    :class:`~handformer.attention.cache.WindowKVCache`), with LayerNorm or RMSNorm, a plain
+    or gated MLP, in eval mode (dropout off), with no PyTorch forward hooks anywhere: those
+    would not run, since the modules are not called. Handformer's own hook points are
+    checked at every step (``generate`` asks ``hooks_active()`` before each step).
     """
     if model.training:
         return "the model is in training mode"
@@ -81,14 +121,25 @@ def plain_step_refusal(model: nn.Module, cache: DecodingCache | None) -> str | N
     for i, (layer, layer_cache) in enumerate(zip(model.layers, cache.layers, strict=True)):
         if type(layer) is not DecoderLayer or layer.cross_attn is not None:
             return f"layer {i} is not a DecoderLayer without cross-attention"
-        if type(layer.self_attn.attention) is not FullAttention:
-            return f"layer {i} uses {type(layer.self_attn.attention).__name__}"
-        if type(layer_cache) is not KVCache or layer_cache.keys_values()[0] is None:
-            return f"layer {i}'s cache is a {type(layer_cache).__name__}, not a filled KVCache"
+        kind = type(layer.self_attn.attention)
+        if kind not in (FullAttention, LocalAttention):
+            return f"layer {i} uses {kind.__name__}"
+        wanted = KVCache if kind is FullAttention else WindowKVCache
+        if type(layer_cache) is not wanted or not layer_cache.seen:
+            return (f"layer {i}'s cache is a {type(layer_cache).__name__}, not a filled "
+                    f"{wanted.__name__}")
         rotary = layer.self_attn.rotary
-        if rotary is not None and (type(rotary) is not RotaryEmbedding
-                                   or rotary is not model.layers[0].self_attn.rotary):
-            return f"layer {i} has its own rotary module"
+        if rotary is not None and type(rotary) is not RotaryEmbedding:
+            return f"layer {i} has a rotary module of type {type(rotary).__name__}"
+        norms = [layer.norm1, layer.norm3, layer.post_attn_norm, layer.post_mlp_norm,
+                 layer.self_attn.q_norm, layer.self_attn.k_norm]
+        if any(n is not None and type(n) not in (LayerNorm, RMSNorm, nn.LayerNorm)
+               for n in norms):
+            return f"layer {i} has a norm of another type"
+        if type(layer.ff) not in (FeedForward, GatedFeedForward):
+            return f"layer {i}'s MLP is a {type(layer.ff).__name__}"
+    if model.norm is not None and type(model.norm) not in (LayerNorm, RMSNorm, nn.LayerNorm):
+        return "the final norm is of another type"
     if (getattr(torch_module, "_global_forward_hooks", None)
             or getattr(torch_module, "_global_forward_pre_hooks", None)):
         return "global PyTorch module hooks are registered"
@@ -98,12 +149,52 @@ def plain_step_refusal(model: nn.Module, cache: DecodingCache | None) -> str | N
     return None
 
 
-def _linear(module: nn.Linear) -> tuple[Tensor, Tensor | None]:
+def _linear(module: nn.Linear) -> Linear:
     return module.weight, module.bias
 
 
-def _norm(module: nn.LayerNorm) -> tuple[Tensor | None, Tensor | None]:
-    return module.weight, module.bias
+def _norm(module: nn.Module | None) -> _Norm | None:
+    if module is None:
+        return None
+    if isinstance(module, RMSNorm):
+        weight = module.weight + module.offset if module.offset else module.weight
+        return _Norm(True, weight, None, module.eps)
+    return _Norm(False, module.weight, module.bias, module.eps)
+
+
+def _layer(layer: DecoderLayer, layer_cache: KVCache | WindowKVCache) -> _Layer:
+    attn, ff = layer.self_attn, layer.ff
+    gated = isinstance(ff, GatedFeedForward)
+    return _Layer(
+        norm_first=layer.norm_first, norm1=_norm(layer.norm1), norm3=_norm(layer.norm3),
+        post_attn=_norm(layer.post_attn_norm), post_mlp=_norm(layer.post_mlp_norm),
+        q=_linear(attn.q_proj), k=_linear(attn.k_proj), v=_linear(attn.v_proj),
+        out=_linear(attn.out_proj), q_norm=_norm(attn.q_norm), k_norm=_norm(attn.k_norm),
+        gated=gated, ff1=_linear(ff.gate_proj if gated else ff.linear1),
+        ff2=_linear(ff.down_proj if gated else ff.linear2),
+        up=_linear(ff.up_proj) if gated else None, activation=ff.activation,
+        rotary=attn.rotary, scale=attn.scale, softcap=attn.attention.softcap,
+        cache=layer_cache)
+
+
+def _capped_step(q: Tensor, keys: Tensor, values: Tensor, key_mask: Tensor | None,
+                 scale: float | None, softcap: float) -> Tensor:
+    """One new query per sequence over held keys with soft-capped scores, grouped.
+
+    ``q: (B, H, 1, D)``, ``keys``/``values`` ``(B, H_kv, L_k, D)``; the explicit
+    ``softmax(cap(q k^T * scale)) v`` of the module path, in float32 for half inputs.
+    """
+    B, H, _, D = q.shape
+    H_kv = keys.shape[1]
+    compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    grouped = q.reshape(B, H_kv, H // H_kv, D).to(compute)  # (B, H_kv, G, D)
+    scale = D ** -0.5 if scale is None else scale
+    scores = soft_cap(torch.matmul(grouped, keys.to(compute).transpose(-2, -1)) * scale,
+                      softcap)  # (B, H_kv, G, L_k)
+    if key_mask is not None:
+        scores = scores.masked_fill(~key_mask, float("-inf"))
+    out = torch.matmul(torch.softmax(scores, dim=-1), values.to(compute))  # (B, H_kv, G, D)
+    return out.to(q.dtype).reshape(B, H, 1, D)
 
 
 class PlainDecodeStep:
@@ -116,27 +207,25 @@ class PlainDecodeStep:
     """
 
     def __init__(self, model: nn.Module, cache: DecodingCache) -> None:
+        config = model.config
         self.cache = cache
-        self.d_model = model.config.d_model
-        self.num_heads = model.config.num_heads
+        self.num_heads, self.num_kv_heads = config.num_heads, model.layers[0].self_attn.num_kv_heads
         self.tok_emb = model.tok_emb.weight  # (V, E)
+        self.embed_scale = (None if config.embed_scale is None else
+                            torch.tensor(config.embed_scale, dtype=self.tok_emb.dtype))
+        self.final_softcap = config.final_softcap
         self.pos_table = None  # (max_len, E): learned or sinusoidal positions
         if isinstance(model.pos_emb, LearnedPositionalEmbedding):
             self.pos_table = model.pos_emb.weight
         elif isinstance(model.pos_emb, SinusoidalPositionalEncoding):
             self.pos_table = model.pos_emb.pe.to(self.tok_emb.dtype)
-        self.rotary = model.layers[0].self_attn.rotary
-        self.final_norm = None if model.norm is None else (_norm(model.norm), model.norm.eps)
+        self.final_norm = _norm(model.norm)
         self.lm_head = model.lm_head.weight  # (V, E)
-        self.layers = [
-            _Layer(norm_first=layer.norm_first, eps=layer.norm1.eps,
-                   norm1=_norm(layer.norm1), norm3=_norm(layer.norm3),
-                   q=_linear(layer.self_attn.q_proj), k=_linear(layer.self_attn.k_proj),
-                   v=_linear(layer.self_attn.v_proj), out=_linear(layer.self_attn.out_proj),
-                   ff1=_linear(layer.ff.linear1), ff2=_linear(layer.ff.linear2),
-                   activation=layer.ff.activation, cache=layer_cache)
-            for layer, layer_cache in zip(model.layers, cache.layers, strict=True)
-        ]
+        self.layers = [_layer(layer, layer_cache)
+                       for layer, layer_cache in zip(model.layers, cache.layers, strict=True)]
+        # the distinct rotary tables (Gemma 3: one for local layers, one for global ones)
+        self.rotaries = list({id(la.rotary): la.rotary for la in self.layers
+                              if la.rotary is not None}.values())
 
     @classmethod
     def build(cls, model: nn.Module, cache: DecodingCache) -> PlainDecodeStep | None:
@@ -146,37 +235,53 @@ class PlainDecodeStep:
 
     def __call__(self, token: Tensor) -> Tensor:
         """Feed ``token: (B,)``, one new real token per sequence; return ``(B, V)`` logits."""
-        B, E, H = token.shape[0], self.d_model, self.num_heads
+        B = token.shape[0]
         positions = self.cache.next_positions  # (B,)
         x = F.embedding(token, self.tok_emb)  # (B, E)
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
         if self.pos_table is not None:
             x = x + F.embedding(positions, self.pos_table)  # (B, E)
-        cos_sin = None
-        if self.rotary is not None:  # one table for every layer: (B, 1, 1, D/2) each
-            compute = torch.float64 if x.dtype == torch.float64 else torch.float32
-            cos_sin = self.rotary.cos_sin(positions[:, None], compute, x.device)
+        tables = {}  # rotary module -> its (cos, sin), (B, 1, 1, D/2) each, once per step
+        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+        for rotary in self.rotaries:
+            tables[id(rotary)] = rotary.cos_sin(positions[:, None], compute, x.device)
         for layer in self.layers:
-            h = torch.layer_norm(x, (E,), *layer.norm1, layer.eps) if layer.norm_first else x
-            q = F.linear(h, *layer.q).view(B, H, 1, -1)  # (B, E) -> (B, H, 1, D)
-            k = F.linear(h, *layer.k).view(B, H, 1, -1)
-            v = F.linear(h, *layer.v).view(B, H, 1, -1)
-            if cos_sin is not None:
-                q, k = self.rotary.rotate_with(q, *cos_sin), self.rotary.rotate_with(k, *cos_sin)
-            keys, values, key_mask = layer.cache.push(k, v)  # (B, H, L_k, D) each
-            z = F.scaled_dot_product_attention(q, keys, values, attn_mask=key_mask)
-            attn = F.linear(z.view(B, E), *layer.out)  # (B, H, 1, D) -> (B, E)
+            h = layer.norm1(x) if layer.norm_first else x
+            q = F.linear(h, *layer.q).view(B, self.num_heads, 1, -1)  # (B, H, 1, D)
+            k = F.linear(h, *layer.k).view(B, self.num_kv_heads, 1, -1)  # (B, H_kv, 1, D)
+            v = F.linear(h, *layer.v).view(B, self.num_kv_heads, 1, -1)
+            if layer.q_norm is not None:
+                q, k = layer.q_norm(q), layer.k_norm(k)
+            if layer.rotary is not None:
+                cos_sin = tables[id(layer.rotary)]
+                q, k = layer.rotary.rotate_with(q, *cos_sin), layer.rotary.rotate_with(k, *cos_sin)
+            keys, values, key_mask = layer.cache.push(k, v)  # (B, H_kv, L_k, D) each
+            if layer.softcap is None:
+                z = grouped_step(q, keys, values, key_mask, layer.scale)  # (B, H, 1, D)
+            else:
+                z = _capped_step(q, keys, values, key_mask, layer.scale, layer.softcap)
+            attn = F.linear(z.view(B, -1), *layer.out)  # (B, H, 1, D) -> (B, E)
+            if layer.post_attn is not None:
+                attn = layer.post_attn(attn)
             if layer.norm_first:
                 x = x + attn
-                h = torch.layer_norm(x, (E,), *layer.norm3, layer.eps)
-                x = x + F.linear(layer.activation(F.linear(h, *layer.ff1)), *layer.ff2)
+                x = x + self._mlp(layer, layer.norm3(x))
             else:
-                x = torch.layer_norm(x + attn, (E,), *layer.norm1, layer.eps)
-                ff = F.linear(layer.activation(F.linear(x, *layer.ff1)), *layer.ff2)
-                x = torch.layer_norm(x + ff, (E,), *layer.norm3, layer.eps)
+                x = layer.norm1(x + attn)
+                x = layer.norm3(x + self._mlp(layer, x))
         if self.final_norm is not None:
-            (weight, bias), eps = self.final_norm
-            x = torch.layer_norm(x, (E,), weight, bias, eps)
+            x = self.final_norm(x)
         self.cache.seen += 1
         self.cache.next_positions = positions + 1
-        return F.linear(x, self.lm_head)  # (B, V)
+        return soft_cap(F.linear(x, self.lm_head), self.final_softcap)  # (B, V)
 
+    @staticmethod
+    def _mlp(layer: _Layer, h: Tensor) -> Tensor:
+        """The layer's MLP on ``h: (B, E)``, with its sandwich norm."""
+        if layer.gated:
+            hidden = layer.activation(F.linear(h, *layer.ff1)) * F.linear(h, *layer.up)
+        else:
+            hidden = layer.activation(F.linear(h, *layer.ff1))  # (B, d_ff)
+        out = F.linear(hidden, *layer.ff2)  # (B, E)
+        return out if layer.post_mlp is None else layer.post_mlp(out)

@@ -18,6 +18,7 @@ from handformer.decoder_layer import DecoderLayer
 from handformer.layers import EncoderLayer
 from handformer.models.decoder import Decoder
 from handformer.models.encoder import Encoder
+from handformer.norms import LayerNorm
 
 __all__ = ["Transformer", "TransformerOutput"]
 
@@ -71,10 +72,10 @@ class Transformer(nn.Module):
         self.num_heads = num_heads
         self.encoder = Encoder(EncoderLayer(d_model, num_heads, d_ff, **options),
                                num_encoder_layers,
-                               final_norm=nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias))
+                               final_norm=LayerNorm(d_model, eps=layer_norm_eps, bias=bias))
         self.decoder = Decoder(DecoderLayer(d_model, num_heads, d_ff, **options),
                                num_decoder_layers,
-                               final_norm=nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias))
+                               final_norm=LayerNorm(d_model, eps=layer_norm_eps, bias=bias))
 
     def forward(self, src: Tensor, tgt: Tensor, *, src_mask: Tensor | None = None,
                 tgt_mask: Tensor | None = None, memory_mask: Tensor | None = None,
