@@ -10,7 +10,7 @@
                      ["induction", "induction", "#E69F00"],
                      ["first_token", "first token", "#009E73"]];
   let ablatedHeads = new Set();  // "layer,head"
-  let info = null, model = null, lastRun = null, seq = 0, scores = null;
+  let info = null, model = null, lastRun = null, lastIds = null, seq = 0, scores = null;
   let generation = null;  // {controller} while a generation streams
   let mode = "text", chat = [];  // chat mode: the conversation so far
 
@@ -151,6 +151,7 @@
       const r = await post("/api/run", body, true);
       if (mine !== seq) return;
       lastRun = r;
+      lastIds = opts.ids || null;
       notices(r.notices);
       showAnswer(r);
       if ($("sv-rollout").checked) await showRollout(mine, opts.ids);
@@ -162,6 +163,7 @@
       if (!opts.ids && (ablatedHeads.size || opts.toggled)) await ablate(mine);
       else showEffect({ heads_ablated: [] });
       if (opts.first) loadScores();
+      attribution(mine, opts.ids);
     } catch (err) {
       if (mine === seq) status(err.message, true);
     }
@@ -186,6 +188,62 @@
     } catch (err) {
       if (mine === seq) status(err.message, true);
     }
+  }
+
+  // ---- direct logit attribution of the answer token (causal models) ----------------------
+  function hasAttribution() {
+    return info.type === "causal-lm" && (info.endpoints || []).indexOf("/api/attribution") >= 0;
+  }
+
+  async function attribution(mine, ids) {
+    const box = $("sv-attr-box");
+    box.hidden = !hasAttribution();
+    if (box.hidden || !box.open) return;
+    try {
+      const body = settings(ids);
+      delete body.choose_head;
+      const r = await post("/api/attribution", body);
+      if (mine !== seq) return;
+      showAttribution(r);
+    } catch (err) {
+      $("sv-attr").textContent = "attribution: " + err.message;
+    }
+  }
+
+  function barRow(table, label, v, scale) {
+    const tr = el("tr");
+    tr.appendChild(el("td", null, label));
+    tr.appendChild(el("td", null, (v >= 0 ? "+" : "") + v.toFixed(3)));
+    const cell = el("td", "barcell"), bar = el("span", "bar");
+    bar.style.width = Math.round(150 * Math.abs(v) / scale) + "px";
+    bar.style.background = v >= 0 ? "#0072B2" : "#D55E00";
+    cell.appendChild(bar);
+    tr.appendChild(cell);
+    table.appendChild(tr);
+  }
+
+  function showAttribution(r) {
+    const box = $("sv-attr");
+    box.textContent = "";
+    box.appendChild(el("p", null, "Answer token " + r.token.token + ": logit " + r.logit.toFixed(3) +
+      " = the sum of what each part of the residual stream adds (blue raises it, vermilion lowers it)" +
+      (r.heads_ablated.length ? "; with " + r.heads_ablated.length + " head(s) ablated" : "") + "."));
+    const comps = r.components.labels.map(function (l, i) { return [l, r.components.values[i]]; });
+    comps.sort(function (a, b) { return Math.abs(b[1]) - Math.abs(a[1]); });
+    const heads = [];
+    r.heads.grid.forEach(function (row, l) {
+      row.forEach(function (v, h) { heads.push(["layer " + l + ", head " + h, v, l, h]); });
+    });
+    heads.sort(function (a, b) { return Math.abs(b[1]) - Math.abs(a[1]); });
+    [["Largest parts", comps.slice(0, 8)], ["Largest heads", heads.slice(0, 10)]].forEach(function (part) {
+      const table = el("table"), head = el("tr");
+      [part[0], "logit", ""].forEach(function (t) { head.appendChild(el("th", null, t)); });
+      table.appendChild(head);
+      const scale = Math.max(1e-9, Math.abs(part[1].length ? part[1][0][1] : 1));
+      part[1].forEach(function (row) { barRow(table, row[0], row[1], scale); });
+      box.appendChild(table);
+    });
+    document.body.dataset.svAttribution = String(+(document.body.dataset.svAttribution || 0) + 1);
   }
 
   // ---- the head grid: ablation, detector scores, key-value groups ------------------------
@@ -456,6 +514,8 @@
     $("sv-pair-box").hidden = info.type !== "encoder";
     $("sv-gen-box").hidden = info.type !== "causal-lm";
     $("sv-mode-box").hidden = !info.chat_template;
+    $("sv-attr-box").hidden = !hasAttribution();
+    $("sv-attr").textContent = "";
     setMode("text");
     $("sv-model-note").textContent = info.layers + " layers \u00d7 " + info.heads + " heads" +
       (info.kv_heads && info.kv_heads < info.heads ? " (" + info.kv_heads + " key/value heads)" : "") +
@@ -527,6 +587,9 @@
     $("sv-mode-text").addEventListener("click", function () { setMode("text"); });
     $("sv-mode-chat").addEventListener("click", function () { setMode("chat"); });
     $("sv-chat-clear").addEventListener("click", function () { chat = []; showChat(); });
+    $("sv-attr-box").addEventListener("toggle", function () {
+      if ($("sv-attr-box").open) attribution(seq, lastIds);
+    });
     $("sv-grid").addEventListener("click", function (e) {
       const b = e.target.closest("button");
       if (!b) return;
