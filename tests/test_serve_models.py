@@ -83,7 +83,8 @@ def test_registry_concurrent_first_use_loads_once(folders):
 def test_display_names(tmp_path):
     assert display_name(None) == "all-MiniLM-L6-v2"
     assert display_name("gemma3-270m") == "gemma3-270m"
-    assert display_name(str(tmp_path / "x.gguf")) == "x"
+    (tmp_path / "x.gguf").write_bytes(b"")
+    assert display_name(str(tmp_path / "x.gguf")) == "x.gguf"
     assert display_name(str(tmp_path)) == tmp_path.name
 
 

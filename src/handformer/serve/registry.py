@@ -34,13 +34,11 @@ class ModelLoadError(RuntimeError):
 
 
 def display_name(source: str | None) -> str:
-    """The name a model is offered under: the bundled model's name, a folder's name, a
-    file's stem, or a shipped name as given."""
+    """The name a model is offered under (and answers with): the bundled model's name, a
+    folder's or file's name, or a shipped name as given."""
     if source is None or source in ("", BUNDLED):
         return BUNDLED
     path = Path(source)
-    if path.suffix == ".gguf":
-        return path.stem
     if path.exists():
         return path.resolve().name or str(source)
     return str(source)
@@ -82,6 +80,7 @@ class ModelRegistry:
         self._loading: dict[str, threading.Lock] = {name: threading.Lock()
                                                     for name in self.sources}
         state = first if first is not None else loader(sources[0], device=device)
+        state.name = self.default  # answers name the model as the picker does
         self._loaded[self.default] = state
 
     @classmethod
@@ -145,6 +144,7 @@ class ModelRegistry:
                 with self._lock:
                     self._errors[name] = reason
                 raise ModelLoadError(name, reason) from None
+            state.name = name
             with self._lock:
                 self._loaded[name] = state
                 self._evict()
