@@ -17,6 +17,7 @@ from handformer.pretrained.text_tokenizer import TextTokenizer
 from handformer.pretrained.token_labels import (
     TextStream,
     count_unknown,
+    label_words,
     token_labels,
     unk_token_id,
     unknown_notice,
@@ -142,3 +143,21 @@ def test_count_unknown_with_the_bundled_english_model():
     n = count_unknown(tokenizer, ids)
     assert n >= len(ZH) // 2
     assert unknown_notice(n, len(ids), model="all-MiniLM-L6-v2").startswith(f"{n} of {len(ids)}")
+
+
+@pytest.mark.parametrize(("labels", "words"), [
+    (["The", "\u2423animal", "\u2423didn", "'t", "\u2423cross"], [0, 1, 2, 2, 3]),
+    (["动·1/3", "动·2/3", "动·3/3+物·1/3", "物·2/3", "物·3/3", "没有", "a"],
+     [0, 0, 0, 0, 0, 1, 2]),
+    (["<bos>", "动物", "\u2423the", "cat"], [0, 1, 2, 2]),
+])
+def test_label_words(labels, words):
+    assert label_words(labels) == words
+
+
+def test_label_words_from_real_pieces():
+    tok = byte_level_bpe()
+    labels = token_labels(tok, tok.encode("过马路").ids)
+    words = label_words(labels)
+    # the pieces of each character share a word; the three characters are three words
+    assert words == sorted(words) and words[-1] == 2

@@ -224,11 +224,12 @@ def _run_causal(args: argparse.Namespace, text: str, device: object) -> _Run:
                  "local": f"causal local attention, window {c.window_size}",
                  "strided": f"causal strided attention, stride {c.stride}",
                  "linear": "causal linear attention"}.get(c.attention, c.attention)
-    from handformer.pretrained.token_labels import token_labels
+    from handformer.pretrained.token_labels import label_words, token_labels
 
-    return _Run(Path(args.model).resolve().name, kind_text, token_labels(tokenizer, ids),
+    labels = token_labels(tokenizer, ids)
+    return _Run(Path(args.model).resolve().name, kind_text, labels,
                 [a.float().cpu() for a in result.attentions], kind.pattern(L, L, causal=True),
-                kind_text.capitalize(), None, None, _unknown(tokenizer, ids))
+                kind_text.capitalize(), None, label_words(labels), _unknown(tokenizer, ids))
 
 
 def run(args: argparse.Namespace) -> int:

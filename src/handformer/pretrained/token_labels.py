@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 __all__ = ["token_labels", "visible", "unk_token_id", "count_unknown", "unknown_notice",
            "texts_unknown_notice", "UNKNOWN_SHARE", "MULTILINGUAL_MODEL", "LM_ADVICE",
-           "ENCODER_ADVICE", "TextStream"]
+           "ENCODER_ADVICE", "TextStream", "label_words"]
 
 UNKNOWN_SHARE = 0.1  # more than this share of unknown tokens gives a notice
 MULTILINGUAL_MODEL = "gemma3-270m"  # the shipped model that reads Chinese and most scripts
@@ -174,6 +174,44 @@ def token_labels(tokenizer: object, ids: Sequence[int]) -> list[str]:
             run.append((t, data))
     flush()
     return labels
+
+
+_PIECE = re.compile(r"^.\u00b7(\d+)/\d+")  # "动·2/3": the 2nd token of a character
+
+
+def label_words(labels: Sequence[str]) -> list[int]:
+    """Per token, the index of the word it belongs to, read from :func:`token_labels`' labels
+    (for "links between words" in :func:`handformer.viz.summarize`).
+
+    A token starts a new word when it starts with a (visible) space or line break, or starts
+    or follows a wide (CJK) character, which is a word of its own; the later pieces of one
+    character (``"动·2/3"``) and subword pieces without a leading space stay in the word
+    before them.
+
+    Args:
+        labels: the token labels.
+
+    Returns:
+        One word index per token, from 0.
+    """
+    import unicodedata
+
+    def wide(ch: str) -> bool:
+        return unicodedata.east_asian_width(ch) in ("W", "F")
+
+    words: list[int] = []
+    for t, label in enumerate(labels):
+        m = _PIECE.match(label)
+        if t == 0:
+            new = True
+        elif m is not None and int(m.group(1)) > 1:
+            new = False
+        else:
+            prev = labels[t - 1]
+            new = (not label or label[0] in "\u2423\u21b5\u21e5" or wide(label[0])
+                   or (bool(prev) and wide(prev[-1])) or _PIECE.match(prev) is not None)
+        words.append(words[-1] + 1 if words and new else (words[-1] if words else 0))
+    return words
 
 
 def unk_token_id(tokenizer: object) -> int | None:

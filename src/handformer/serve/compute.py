@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from handformer.pretrained.token_labels import (
+    label_words,
     token_labels,
     unk_token_id,
     unknown_notice,
@@ -197,8 +198,9 @@ def first_head(attentions: object, enc: Encoded) -> tuple[int, int]:
     """The head ``handformer viz`` would draw for this text (the page opens on it)."""
     from handformer.viz.head_choice import choose_head
 
+    words = None if enc.special is not None else label_words(enc.tokens)  # causal models
     return choose_head([a.float().cpu() for a in attentions], enc.tokens, special=enc.special,
-                       unknown=enc.unknown)
+                       words=words, unknown=enc.unknown)
 
 
 def _viewer(state: ModelState, req: RunRequest, attentions: object, enc: Encoded,
