@@ -11,10 +11,10 @@ import httpx
 import pytest
 import torch
 
-from handformer.serve import ModelState
+from handformer.serve import ModelState, compute
 from handformer.serve.detectors import head_scores, probe_ids, scores_from_attention
 from handformer.serve.registry import ModelLoadError, ModelRegistry, display_name
-from handformer.serve.validation import RequestError, parse_generate
+from handformer.serve.validation import RequestError, parse_generate, parse_run
 from serve_util import Server, causal_folder
 
 
@@ -232,3 +232,26 @@ def test_chat_messages_are_rendered_by_the_template(folders):
     assert "".join(start["prompt_tokens"]).replace("\u2423", " ") == "u. hi there a."
     assert gen.step()["event"] == "token"
 
+
+
+def test_large_context_models_are_served_within_the_view_budget(tmp_path):
+    import handformer as hf
+    from handformer.serve.state import VIEW_BUDGET, view_limit
+    from handformer.train.data import CharVocab
+    from serve_util import CHARS
+
+    assert view_limit(30, 9) == 544 and view_limit(6, 12) == 1054  # SmolLM2, MiniLM shapes
+    assert 30 * 9 * view_limit(30, 9) ** 2 <= VIEW_BUDGET
+    vocab = CharVocab(CHARS)
+    model = hf.CausalLM(hf.CausalLMConfig(vocab_size=len(vocab), max_len=4096, d_model=16,
+                                          num_heads=16, num_layers=20, d_ff=32))
+    model.save_pretrained(tmp_path)
+    vocab.save(tmp_path / "vocab.json")
+    state = ModelState(tmp_path)
+    assert (state.context, state.max_tokens) == (4096, view_limit(20, 16)) == (4096, 500)
+    r = compute.run(state, parse_run({"text": "the cat sat. " * 60}, state))
+    assert len(r["tokens"]) == 500
+    assert r["notices"] == ["text has 780 tokens, more than the limit of 500 tokens this page "
+                            "shows for a model of 20 x 16 heads (its context is 4096); only "
+                            "the first 500 were used"]
+    assert state.info()["context"] == 4096

@@ -30,7 +30,7 @@ from handformer.serve.state import AttentionChoice, ModelState
 from handformer.serve.validation import RequestError, RunRequest
 
 __all__ = ["run", "ablate", "rollout", "encode", "ablated", "Encoded", "visible",
-           "first_head", "SERVE_ADVICE"]
+           "first_head", "SERVE_ADVICE", "limit_words", "request_input"]
 
 TOP_K = 5  # next-token candidates shown for causal models
 SERVE_ADVICE = "the shipped gemma3-270m does (handformer serve --model gemma3-270m)"
@@ -94,11 +94,20 @@ def request_input(state: ModelState, req: RunRequest) -> Encoded:
     return _from_ids(state, list(req.ids), "ids", state.max_tokens)
 
 
+def limit_words(state: ModelState, limit: int) -> str:
+    """The token limit in words: the model's own, or the one this server keeps for a model
+    with this many heads (every head's weights are computed)."""
+    if limit >= getattr(state, "context", limit):
+        return f"the model's limit of {limit}"
+    return (f"the limit of {limit} tokens this page shows for a model of {state.num_layers} x "
+            f"{state.num_heads} heads (its context is {state.context})")
+
+
 def _from_ids(state: ModelState, ids: list[int], field: str, limit: int) -> Encoded:
     """A causal model's input from token ids, cut to ``limit`` with a notice."""
     notice = None
     if len(ids) > limit:
-        notice = (f"{field} has {len(ids)} tokens, more than the model's limit of {limit}; "
+        notice = (f"{field} has {len(ids)} tokens, more than {limit_words(state, limit)}; "
                   f"only the first {limit} were used")
         ids = ids[:limit]
     tokens = token_labels(state.tokenizer, ids)

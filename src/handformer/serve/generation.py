@@ -18,7 +18,7 @@ from torch import Tensor
 
 from handformer.models.generation import filter_logits
 from handformer.pretrained.token_labels import TextStream, token_labels
-from handformer.serve.compute import ablated, encode
+from handformer.serve.compute import ablated, encode, limit_words
 from handformer.serve.state import ModelState
 from handformer.serve.validation import GenerateRequest
 
@@ -62,8 +62,8 @@ class Generation:
         notices = self.enc.notices
         if self.budget < self.req.max_new_tokens:
             notices.append(f"max_new_tokens cut to {self.budget}: the prompt leaves room for "
-                           f"{self.room} tokens in the model's context of "
-                           f"{self.state.max_tokens}")
+                           f"{self.room} tokens within "
+                           f"{limit_words(self.state, self.state.max_tokens)}")
         if self.budget <= 0:
             self.done = True
         return {"event": "start", "model": self.state.name, "model_type": "causal-lm",

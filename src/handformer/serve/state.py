@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -25,6 +26,16 @@ __all__ = ["AttentionChoice", "ModelState", "KINDS"]
 
 KINDS = ("full", "local", "strided", "linear")
 MAX_VARIANTS = 16  # models kept for distinct (kind, window, stride, global tokens) settings
+# Attention weights one request may compute (layers x heads x tokens^2): a 32k-context LLM
+# is served on as many tokens as keep that within about 320 MB of float32 weights
+# (SmolLM2-135M, 30 x 9 heads: 544 tokens; Gemma 3 270M, 18 x 4: 1054; MiniLM: its 512).
+VIEW_BUDGET = 80_000_000
+
+
+def view_limit(num_layers: int, num_heads: int) -> int:
+    """The most tokens a request may use so that every head's weights fit
+    :data:`VIEW_BUDGET`."""
+    return max(16, math.isqrt(VIEW_BUDGET // max(1, num_layers * num_heads)))
 
 
 @dataclass(frozen=True)
@@ -126,7 +137,9 @@ class ModelState:
         model: the loaded model (never modified).
         tokenizer: its tokenizer.
         num_layers, num_heads: sizes.
-        max_tokens: the longest input a request may use; longer text is cut.
+        max_tokens: the longest input a request may use; longer text is cut (the model's
+            context, or fewer where every head's weights would pass :data:`VIEW_BUDGET`).
+        context: the model's own context length.
         embed_tokens: the longest input of a sentence embedding (encoders: the checkpoint's
             sentence-transformers ``max_seq_length``, as :func:`handformer.embed` uses).
         default_attention: the attention the model was loaded with (full for BERT); what
@@ -175,6 +188,9 @@ class ModelState:
             if pooling is not None and pooling.max_seq_length is not None:
                 self.embed_tokens = min(self.max_tokens, pooling.max_seq_length)
             self.default_attention = AttentionChoice()
+        self.context = self.max_tokens  # the model's own limit
+        self.max_tokens = min(self.max_tokens, view_limit(self.num_layers, self.num_heads))
+        self.embed_tokens = min(self.embed_tokens, self.max_tokens)
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = "all-MiniLM-L6-v2" if path is None else (path.resolve().name or str(path))
@@ -217,7 +233,8 @@ class ModelState:
         return {"model": self.name, "type": "causal-lm" if self.causal else "encoder",
                 "layers": self.num_layers, "heads": self.num_heads, "kv_heads": kv,
                 "chat_template": bool(getattr(self.tokenizer, "chat_template", None)),
-                "max_tokens": self.max_tokens, "embed_tokens": self.embed_tokens,
+                "max_tokens": self.max_tokens, "context": self.context,
+                "embed_tokens": self.embed_tokens,
                 "attention_kinds": list(KINDS),
                 "default_attention": self.default_attention.as_dict(),
                 "device": str(self.device),
