@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test bench lint docs notebooks clean install test-deps browser-deps
+.PHONY: demo test bench lint docs notebooks docs-site clean install test-deps browser-deps
 
 $(VENV)/.installed: pyproject.toml requirements/torch.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -58,5 +58,13 @@ docs: $(VENV)/.installed
 notebooks: $(VENV)/.test-installed
 	$(PY) docs/make_notebooks.py
 
+# The documentation site (mkdocs.yml, extra `docs`) into site/, offline: the notebooks run in
+# a Jupyter kernel (inline figures, so MPLBACKEND is unset) and --strict fails the build on a
+# broken link, anchor, nav entry or API reference. tests/test_docs_site.py builds it without
+# running the notebooks.
+docs-site: $(VENV)/.test-installed
+	env -u MPLBACKEND NO_MKDOCS_2_WARNING=1 HANDFORMER_DOCS_EXECUTE=true \
+	  $(PY) -m mkdocs build --strict --clean --site-dir site
+
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) build site *.egg-info src/*.egg-info

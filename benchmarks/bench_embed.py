@@ -58,7 +58,7 @@ def bench_throughput() -> dict[str, object]:
     folder = str(bundled_model_dir())
     ref = transformers.BertModel.from_pretrained(folder, attn_implementation="sdpa").eval()
     ref_tok = transformers.AutoTokenizer.from_pretrained(folder)
-    lengths = [len(e.ids) for e in tokenizer.encode(texts)]
+    lengths = [len(e.ids) for e in tokenizer.encode_batch(texts)]
 
     def reference(order: list[int]) -> torch.Tensor:
         out = []

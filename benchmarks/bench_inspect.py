@@ -44,7 +44,7 @@ def _attentions(tokens: int) -> tuple[object, int]:
     model, tokenizer = load_bert()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # cut to length on purpose
-        enc = tokenizer.encode([TEXT * 20], max_length=tokens)
+        enc = tokenizer.encode_batch([TEXT * 20], max_length=tokens)
     with torch.inference_mode():
         out = model(**tokenizer.pad(enc), need_weights=True)
     return out.attentions, len(enc[0].ids)

@@ -72,7 +72,7 @@ def viewer_512() -> dict[str, object]:
     from handformer.viz import save_html
 
     model, tokenizer = load_bert()
-    enc = tokenizer.encode([" ".join([SEED + "."] * 50)], max_length=512)
+    enc = tokenizer.encode_batch([" ".join([SEED + "."] * 50)], max_length=512)
     with torch.inference_mode():
         attentions = model(**tokenizer.pad(enc), need_weights=True).attentions
     with tempfile.TemporaryDirectory() as out:

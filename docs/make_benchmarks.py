@@ -452,6 +452,26 @@ def section_inspect(data: dict) -> list[str]:
     return out + [reproduce("bench_inspect.py"), ""]
 
 
+def section_gguf(data: dict) -> list[str]:
+    out = ["## Loading GGUF files (the shipped models)", "", machine_line(data), "",
+           "Each load in a fresh process: the call's time and its peak RSS growth over the RSS "
+           "before it. Targets: at least 3x faster than transformers' "
+           "`AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)`, growth at most "
+           "1.5x the float32 model's bytes.", "",
+           "| model | handformer call | handformer s | transformers s | speed-up | growth / "
+           "float32 (handformer) | growth / float32 (transformers) | header (`read_gguf`) s |",
+           "|---|---|---|---|---|---|---|---|"]
+    for name, r in data["models"].items():
+        ours, theirs = r["handformer"], r.get("transformers")
+        out.append(f"| {name} | `{ours['api']}` | {ours['seconds']:.2f} | "
+                   + (f"{theirs['seconds']:.1f} | {r['speedup']:.1f}x | " if theirs
+                      else "- | - | ")
+                   + f"{ours['growth_over_float32']:.2f} | "
+                   + (f"{theirs['growth_over_float32']:.2f}" if theirs else "-")
+                   + f" | {r['read_gguf_s']:.3f} |")
+    return out + ["", reproduce("bench_gguf.py"), ""]
+
+
 SECTIONS: list[tuple[str, str, Callable[[dict], list[str]]]] = [
     ("variants", "bench_variants.py", section_variants),
     ("core", "bench_core.py", section_core),
@@ -461,6 +481,7 @@ SECTIONS: list[tuple[str, str, Callable[[dict], list[str]]]] = [
     ("viz", "bench_viz.py", section_viz),
     ("serve", "bench_serve.py", section_serve),
     ("inspect", "bench_inspect.py", section_inspect),
+    ("gguf", "bench_gguf.py", section_gguf),
 ]
 
 

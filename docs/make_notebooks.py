@@ -42,7 +42,8 @@ ROOT = DOCS.parent
 OUT = DOCS / "notebooks"
 LANGS = ("en", "zh")
 JUPYTEXT_FORMAT = {"extension": ".md", "format_name": "markdown", "split_at_heading": True}
-LINK = re.compile(r"(!?\[[^\]]*\]\()([^)\s]+)(\))")  # [text](target) and ![alt](target)
+# [text](target) and ![alt](target); the text may hold brackets one level deep ("[CLS]")
+LINK = re.compile(r"(!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\()([^)\s]+)(\))")
 FENCE = re.compile(r"^```.*?^```[ \t]*$", re.M | re.S)
 
 SETUP_COMMENT = {

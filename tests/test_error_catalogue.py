@@ -25,8 +25,11 @@ import handformer as hf
 from handformer import inspect, masks
 from handformer.cli import main
 from handformer.pretrained import CheckpointError, load_bert
+from handformer.pretrained.chat_template import render_chat_template
+from handformer.pretrained.gguf import gguf_to_hf, read_gguf, shipped_path
 from handformer.pretrained.gpt2 import load_gpt2
-from handformer.train import TrainConfig, train
+from handformer.pretrained.lm_tokenizer import LMTokenizer
+from handformer.train import CharVocab, TrainConfig, train
 from handformer.train.checkpoint import load_checkpoint, save_checkpoint
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
@@ -156,6 +159,40 @@ def namespace(tmp: Path) -> dict[str, object]:
         """A tiny two-layer encoder (E=8, 2 heads)."""
         return hf.Encoder(hf.EncoderLayer(8, 2, 16, dropout=0.0), 2).eval()
 
+    def spm_meta(**changes: object) -> dict[str, object]:
+        """Metadata of a tiny SentencePiece GGUF tokenizer (297 tokens, tests/tokenizer_util);
+        ``name=value`` sets ``tokenizer.ggml.name`` (None removes it)."""
+        from tokenizer_util import as_metadata, spm_fields
+
+        meta = as_metadata("llama", "llama", spm_fields())
+        for name, value in changes.items():
+            meta.pop(f"tokenizer.ggml.{name}", None)
+            if value is not None:
+                meta[f"tokenizer.ggml.{name}"] = value
+        return meta
+
+    def fam(model_type: str, **fields: object) -> object:
+        """A causal LM family's config from a small config.json dict with ``fields``."""
+        from handformer.pretrained.families import family_for
+
+        base = dict(model_type=model_type, vocab_size=23, hidden_size=16, intermediate_size=32,
+                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                    max_position_embeddings=16)
+        return family_for(model_type).config_from_hf({**base, **fields})
+
+    def folder_of(model_type: str) -> Path:
+        """A folder whose config.json has only ``model_type``."""
+        folder = tmp / f"type-{model_type}"
+        folder.mkdir(exist_ok=True)
+        (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
+        return folder
+
+    def bad_gguf(kind: str) -> Path:
+        """A tiny llama GGUF file with one kind of damage (tests/gguf_util.py)."""
+        from gguf_util import damaged_gguf
+
+        return damaged_gguf(tmp / "gguf", kind)
+
     def registry() -> object:
         """A serve ModelRegistry of three models: "tiny" (loaded), "other", "broken"."""
         from types import SimpleNamespace
@@ -187,7 +224,12 @@ def namespace(tmp: Path) -> dict[str, object]:
             "load_bert": load_bert, "load_gpt2": load_gpt2, "TrainConfig": TrainConfig,
             "train": train, "load_checkpoint": load_checkpoint, "checkpoint": checkpoint,
             "cli": cli, "tmp": tmp, "existing_run": existing_run, "json": json,
-            "inspect": inspect, "enc": enc, "registry": registry, "chat_state": chat_state}
+            "inspect": inspect, "enc": enc, "spm_meta": spm_meta, "LMTokenizer": LMTokenizer,
+            "render_chat_template": render_chat_template, "CharVocab": CharVocab,
+            "fam": fam, "folder_of": folder_of,
+            "bad_gguf": bad_gguf, "read_gguf": read_gguf,
+            "gguf_to_hf": gguf_to_hf, "shipped_path": shipped_path,
+            "registry": registry, "chat_state": chat_state}
 
 
 EXCEPTIONS = {"ValueError": ValueError, "TypeError": TypeError,

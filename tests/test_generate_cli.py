@@ -122,8 +122,8 @@ def reverse_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_default_length_fits_the_context_of_a_train_run(reverse_run: Path,
                                                          capsys: pytest.CaptureFixture) -> None:
-    """The README's `generate --model runs/reverse` without --max-new-tokens: the default (50)
-    is cut to the 8 tokens that fit after a 9-token prompt, with a one-line note."""
+    """The training guide's `generate --model runs/reverse` without --max-new-tokens: the
+    default (50) is cut to the 8 tokens that fit after a 9-token prompt, with a one-line note."""
     capsys.readouterr()
     assert main(["generate", "--model", str(reverse_run), "--prompt", "31415926>"]) == 0
     out, err = capsys.readouterr()

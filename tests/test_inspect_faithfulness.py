@@ -60,7 +60,7 @@ def test_faithfulness_scores_and_table(tiny: tuple[object, object], ablation: st
     model, tokenizer = tiny
     text = "the cat sat on the red mat"
     result = faithfulness(model, tokenizer, text, ablation=ablation)
-    enc = tokenizer.encode([text])[0]
+    enc = tokenizer.encode_batch([text])[0]
     L = len(enc.ids)
     assert result.tokens == enc.tokens and result.methods == METHODS
     assert result.scores.shape == (4, L) and result.positions == list(range(1, L - 1))
@@ -89,7 +89,7 @@ def test_faithfulness_mean_row(tiny: tuple[object, object]) -> None:
     model, tokenizer = tiny
     result = faithfulness(model, tokenizer, "a big dog ran fast", row="mean",
                           include_special=True)
-    enc = tokenizer.encode(["a big dog ran fast"])[0]
+    enc = tokenizer.encode_batch(["a big dog ran fast"])[0]
     with torch.inference_mode():
         att = model(torch.tensor([enc.ids]), need_weights=True).attentions
     torch.testing.assert_close(result.scores[1], attention_rollout(att)[0].mean(0).double())

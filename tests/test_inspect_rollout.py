@@ -90,7 +90,7 @@ def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, object]
 def test_padding_mask_gives_the_unpadded_rollout(tiny_bert: tuple[object, object]) -> None:
     model, tokenizer = tiny_bert
     texts = ["a b c d e f", "b a"]
-    enc = tokenizer.encode(texts)
+    enc = tokenizer.encode_batch(texts)
     batch = tokenizer.pad(enc)
     with torch.inference_mode():
         padded = model(**batch, need_weights=True)

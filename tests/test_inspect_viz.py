@@ -50,7 +50,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, object, Path
 
 def run_tiny(tiny: tuple, text: str = "the cat sat on the mat") -> tuple[list, list[str]]:
     model, tokenizer, _ = tiny
-    enc = tokenizer.encode([text])
+    enc = tokenizer.encode_batch([text])
     with torch.inference_mode():
         return list(model(**tokenizer.pad(enc), need_weights=True).attentions), enc[0].tokens
 

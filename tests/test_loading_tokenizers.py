@@ -178,7 +178,7 @@ def test_special_tokens_agree_with_transformers_on_both_layouts(layouts: dict[st
     if layout == "vocab.txt":
         references.append(transformers.BertTokenizer.from_pretrained(layouts[layout]))
     for text in SPECIAL_TEXTS:
-        got = ours.encode([text])[0].ids
+        got = ours.encode_batch([text])[0].ids
         for ref in references:
             assert got == ref(text)["input_ids"], (text, type(ref).__name__)
     assert ours.tokens("[CLS] [MASK]") == ["[CLS]", "[CLS]", "[MASK]", "[SEP]"]

@@ -124,6 +124,18 @@ def test_generator_refuses_a_shell_block_that_would_run(tmp_path: Path,
         GENERATOR.build("en")
 
 
+def test_generator_makes_links_absolute_when_their_text_holds_brackets() -> None:
+    """The rollout picture's alt text names [CLS]: its address must still leave docs/."""
+    md = "![the row of [CLS] and [SEP]](img/x.png) and [see [this]](errors.md#rows)"
+    raw = GENERATOR.REPO_URL.replace("https://github.com/", "https://raw.githubusercontent.com/")
+    assert GENERATOR.absolute_links(md) == (
+        f"![the row of [CLS] and [SEP]]({raw}/main/docs/img/x.png) and "
+        f"[see [this]]({GENERATOR.REPO_URL}/blob/main/docs/errors.md#rows)")
+    for lang in LANGS:
+        assert "](img/" not in "".join(c.source for c in committed(lang).cells
+                                       if c.cell_type == "markdown")
+
+
 def test_check_mode_reports_a_stale_notebook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(GENERATOR, "OUT", tmp_path)

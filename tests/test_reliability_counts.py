@@ -1,4 +1,5 @@
-"""The counts in the README's "Reliability" table are the counts the tests really run."""
+"""The counts in the "Reliability" table (docs/guide/reliability.md, moved there from the
+README) are the counts the tests really run."""
 
 from __future__ import annotations
 
@@ -16,12 +17,12 @@ import test_loader_fuzz as loader_fuzz
 import test_low_precision as low_precision
 import test_properties as properties
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "guide" / "reliability.md"
 
 
-def readme_counts() -> list[int]:
+def page_counts() -> list[int]:
     """The Count column of the Reliability table (the last number of each cell, or a sum)."""
-    section = README.read_text(encoding="utf-8").split("## Reliability", 1)[1]
+    section = PAGE.read_text(encoding="utf-8").split("# Reliability", 1)[1]
     counts = []
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -51,7 +52,7 @@ def loader_cases() -> int:
     return bert + gpt2 + causal_lm + training
 
 
-def test_readme_reliability_counts_match_the_tests() -> None:
+def test_reliability_counts_match_the_tests() -> None:
     given = [name for name in dir(properties) if name.startswith("test_")
              and hasattr(getattr(properties, name), "hypothesis")]
     text_runs = (2 * len(cli_fuzz.TEXTS) + len(params(cli_fuzz.test_viz_texts))
@@ -69,4 +70,4 @@ def test_readme_reliability_counts_match_the_tests() -> None:
         len(compile_tests.KINDS) * 4,  # MHA, EncoderLayer, DecoderLayer, CausalLM
         len(determinism.KINDS) * 4 + 2,  # + sampling + training
     ]
-    assert readme_counts() == expected
+    assert page_counts() == expected

@@ -22,7 +22,7 @@ def test_rollout_view_draws_and_follows_clicks(driver, tmp_path: Path) -> None: 
     from selenium.webdriver.support.ui import WebDriverWait
 
     model, tokenizer = load_bert()
-    enc = tokenizer.encode([SEED])
+    enc = tokenizer.encode_batch([SEED])
     with torch.inference_mode():
         att = model(**tokenizer.pad(enc), need_weights=True).attentions
     tokens = enc[0].tokens

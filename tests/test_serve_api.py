@@ -70,7 +70,7 @@ def test_run_matches_direct_call(client, bert):
     assert r.status_code == 200
     body = r.json()
     assert body["model"] == "all-MiniLM-L6-v2" and body["attention"]["kind"] == "full"
-    enc = tokenizer.encode([SEED])
+    enc = tokenizer.encode_batch([SEED])
     assert body["tokens"] == enc[0].tokens
     assert body["similarity"] == pytest.approx(similarity(model, tokenizer, SEED, PAIR), abs=1e-6)
     with torch.inference_mode():

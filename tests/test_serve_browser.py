@@ -78,12 +78,12 @@ def test_type_submit_ablate_restore(driver, server):
     open_app(driver, server.url)
     assert driver.execute_script("return document.body.dataset.ready") == "1"
     first = shown_tokens(driver)
-    assert first == tokenizer.encode(["The animal didn't cross the street because it was "
+    assert first == tokenizer.encode_batch(["The animal didn't cross the street because it was "
                                       "too tired"])[0].tokens
     before = canvas_hash(driver, "heat")
 
     submit(driver, TEXT, PAIR)
-    assert shown_tokens(driver) == tokenizer.encode([TEXT])[0].tokens
+    assert shown_tokens(driver) == tokenizer.encode_batch([TEXT])[0].tokens
     assert canvas_hash(driver, "heat") != before  # redrawn for the new tokens
     e = embed([TEXT, PAIR], model=model, tokenizer=tokenizer)
     shown = driver.find_element(By.ID, "sv-similarity").text
@@ -152,7 +152,7 @@ def test_hostile_text_stays_text(driver, server):
     assert driver.execute_script("return document.querySelectorAll('img, #tokens script')"
                                  ".length") == 0
     tokens = shown_tokens(driver)
-    assert tokens == load_bert()[1].encode([hostile])[0].tokens
+    assert tokens == load_bert()[1].encode_batch([hostile])[0].tokens
     assert tokens[1:4] == ["<", "script", ">"]
     assert severe(driver) == []
     assert all(u.startswith(server.url + "/") or u.startswith("data:")

@@ -111,7 +111,7 @@ def test_lm_task_windows_and_split(tmp_path: Path) -> None:
     path = tmp_path / "t.txt"
     path.write_text(text)
     task = LMTask(str(path), block_size=16, val_fraction=0.1, eval_size=7)
-    assert task.vocab.tokens == sorted(set(text))
+    assert task.vocab.chars == sorted(set(text))
     b = task.batch(0, 0, 0, 4)
     assert torch.equal(b.input_ids[:, 1:], b.targets[:, :-1])  # next-character targets
     val = "".join(task.vocab.decode(e.input_ids[i]) for e in task.eval_batches(100)
@@ -127,7 +127,7 @@ def test_char_vocab_roundtrip(tmp_path: Path) -> None:
     assert v.decode(v.encode("ü a>b")) == "ü a>b"
     v.save(tmp_path / "vocab.json")
     assert json.loads((tmp_path / "vocab.json").read_text())["kind"] == "char"
-    assert CharVocab.load(tmp_path / "vocab.json").tokens == v.tokens
+    assert CharVocab.load(tmp_path / "vocab.json").chars == v.chars
     with pytest.raises(ValueError, match="'z' is not in the vocabulary"):
         v.encode("az")
     with pytest.raises(ValueError, match="distinct"):

@@ -31,7 +31,7 @@ def bert():
 
 def run_model(bert, text):
     model, tokenizer = bert
-    enc = tokenizer.encode([text])
+    enc = tokenizer.encode_batch([text])
     with torch.inference_mode():
         out = model(**tokenizer.pad(enc), need_weights=True)
     return out.attentions, enc[0].tokens

@@ -32,6 +32,7 @@ COMMANDS = [
     "handformer.commands.embed",
     "handformer.commands.viz",
     "handformer.commands.generate",
+    "handformer.commands.chat",
     "handformer.commands.heads",
     "handformer.commands.serve",
 ]

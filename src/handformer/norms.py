@@ -109,14 +109,13 @@ class RMSNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``(..., E)`` -> ``(..., E)``, in ``x``'s dtype."""
         xf = x.float() if x.dtype in _HALF else x
-        mean_sq = xf.pow(2).mean(dim=-1, keepdim=True)  # (..., 1)
-        if self.hook_scale.listening():
-            normed = xf / self.hook_scale(torch.sqrt(mean_sq + self.eps))
-        else:
-            normed = xf * torch.rsqrt(mean_sq + self.eps)  # (..., E)
         weight = self.weight.to(xf.dtype)
         if self.offset:
             weight = self.offset + weight
+        if not self.hook_scale.listening():  # torch's fused kernel: x * rsqrt(mean(x^2) + eps) * w
+            return F.rms_norm(xf, (xf.shape[-1],), weight, self.eps).to(x.dtype)
+        mean_sq = xf.pow(2).mean(dim=-1, keepdim=True)  # (..., 1)
+        normed = xf / self.hook_scale(torch.sqrt(mean_sq + self.eps))  # (..., E)
         return (normed * weight).to(x.dtype)
 
     def extra_repr(self) -> str:

@@ -34,6 +34,9 @@ pretrained checkpoint was trained with (the two differ by ~1e-7 relative). The a
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from torch import Tensor, nn
@@ -41,9 +44,22 @@ from torch import Tensor, nn
 from handformer.checks import check_positive_int
 
 __all__ = ["RotaryEmbedding", "ALiBi", "alibi_slopes", "check_rotary_scaling", "rope_inv_freq",
-           "ROPE_TYPES"]
+           "ROPE_TYPES", "shared_tables"]
 
 ROPE_TYPES = ("linear", "llama3")
+_SHARED: ContextVar[dict | None] = ContextVar("handformer_rotary_tables", default=None)
+
+
+@contextmanager
+def shared_tables() -> Iterator[None]:
+    """Within the block, a :class:`RotaryEmbedding` called again with the same positions
+    tensor reuses its ``cos``/``sin`` table (a model's layers share one per forward pass)
+    instead of recomputing it. The tables are dropped when the block ends."""
+    token = _SHARED.set({})
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
 _ROPE_KEYS = {"linear": ("factor",),
               "llama3": ("factor", "low_freq_factor", "high_freq_factor",
                          "original_max_position_embeddings")}
@@ -228,8 +244,23 @@ class RotaryEmbedding(nn.Module):
                 pos_q = torch.arange(offset + L_k - L_q, offset + L_k, device=where)
                 return self.rotate(q, pos_q), self.rotate(k, positions)
         compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-        cos, sin = self.cos_sin(positions, compute, q.device)  # once for q and k
+        cos, sin = self._table(positions, compute, q.device)  # once for q and k
         return self.rotate_with(q, cos, sin), self.rotate_with(k, cos, sin)
+
+    def _table(self, positions: Tensor, dtype: torch.dtype, device: torch.device
+               ) -> tuple[Tensor, Tensor]:
+        """:meth:`cos_sin`, computed once per positions tensor inside a
+        :func:`shared_tables` block (a model's forward pass: every layer gets the same
+        positions), else every time."""
+        if torch.compiler.is_compiling():
+            return self.cos_sin(positions, dtype, device)
+        shared = _SHARED.get()
+        if shared is None:
+            return self.cos_sin(positions, dtype, device)
+        key = (id(self), id(positions), dtype, device)
+        if key not in shared:  # positions kept in the value: its id stays unique meanwhile
+            shared[key] = (positions, self.cos_sin(positions, dtype, device))
+        return shared[key][1]
 
     def extra_repr(self) -> str:
         extra = "" if self.scaling is None else f", scaling={self.scaling}"

@@ -155,7 +155,7 @@ def attend_kind(attention: AttentionKind, q: Tensor, k: Tensor, v: Tensor,
     """
     groups = kv_groups(q, k)
     if groups == 1:
-        return attention(q, k, v, mask, **options)
+        return attention(q, k, v, mask=mask, **options)  # mask by keyword, as custom kinds expect
     if attention.supports_gqa:
-        return attention(q, k, v, mask, enable_gqa=True, **options)
-    return attention(q, repeat_kv(k, groups), repeat_kv(v, groups), mask, **options)
+        return attention(q, k, v, mask=mask, enable_gqa=True, **options)
+    return attention(q, repeat_kv(k, groups), repeat_kv(v, groups), mask=mask, **options)

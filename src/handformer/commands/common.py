@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch is imported lazily: `handformer --help` stays fast
     import torch
 
-__all__ = ["UsageError", "note", "add_device_argument", "resolve_device", "DEVICE_HELP"]
+__all__ = ["UsageError", "note", "add_device_argument", "resolve_device", "DEVICE_HELP",
+           "causal_choices", "model_choices", "is_causal_model"]
 
 DEVICE_HELP = ("where the model runs: auto (CUDA if available, else CPU), cpu, cuda or cuda:N "
                "(default auto)")
@@ -77,3 +78,56 @@ def resolve_device(name: str) -> torch.device:
         raise UsageError(f"--device {name}: there {'is' if count == 1 else 'are'} only "
                          f"{count} CUDA device{'s' * (count != 1)} (cuda:0..cuda:{count - 1})")
     return torch.device("cuda", index)
+
+
+def causal_choices() -> str:
+    """What ``--model`` takes for a causal language model, in words (with every supported
+    ``model_type`` and the shipped names)."""
+    from handformer.pretrained.families import supported_model_types
+    from handformer.pretrained.lm import shipped_names
+
+    shipped = ", ".join(shipped_names()) or "none installed"
+    return (f"a causal LM folder (config.json model_type {', '.join(supported_model_types())}"
+            f"), a .gguf file, or a shipped model name ({shipped})")
+
+
+def model_choices(*, encoders: bool = True) -> str:
+    """Everything a command's ``--model`` takes, in words."""
+    if not encoders:
+        return causal_choices()
+    return ("a BERT-family encoder folder (model_type 'bert'; default: the bundled "
+            "all-MiniLM-L6-v2), or " + causal_choices())
+
+
+def is_causal_model(source: str | None, command: str, *, encoders: bool = True) -> bool:
+    """Whether ``--model`` names a causal LM (True) or an encoder (False).
+
+    A folder whose ``config.json`` has a ``model_type`` neither kind reads is refused here,
+    naming everything ``command`` accepts.
+
+    Raises:
+        UsageError: for such a folder (or, without ``encoders``, for an encoder folder).
+    """
+    import json
+    from pathlib import Path
+
+    from handformer.pretrained.lm import is_causal_source
+
+    if source is None:
+        return False
+    if is_causal_source(source):
+        return True
+    path = Path(source)
+    folder = path.parent if path.is_file() else path
+    try:
+        model_type = json.loads((folder / "config.json").read_text(encoding="utf-8")).get(
+            "model_type", "bert")
+    except (OSError, ValueError, AttributeError):
+        return False  # no folder or no config: the loader says what is missing
+    from handformer.pretrained.bert import BERT_FAMILY
+
+    if encoders and model_type in BERT_FAMILY:
+        return False
+    extra = ("" if encoders else "; BERT-family encoders go to embed, viz, heads and serve")
+    raise UsageError(f"--model {source}: model_type {model_type!r} is not a model {command} "
+                     f"reads; it takes {model_choices(encoders=encoders)}{extra}")

@@ -10,7 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-from handformer.commands.common import add_device_argument, note, resolve_device
+from handformer.commands.common import UsageError, add_device_argument, note, resolve_device
 
 NAME = "embed"
 HELP = ("Embed sentences with a BERT-family model (default: bundled all-MiniLM-L6-v2) and "
@@ -45,7 +45,13 @@ def run(args: argparse.Namespace) -> int:
     import torch.nn.functional as F
 
     from handformer.pretrained import embed, load_bert
+    from handformer.pretrained.lm import is_causal_source
 
+    if args.model is not None and is_causal_source(args.model):
+        raise UsageError(f"--model {args.model} is a causal language model; embed makes "
+                         "sentence embeddings with a BERT-family encoder. Look at its "
+                         "attention with `handformer viz TEXT --model ...` or continue text "
+                         "with `handformer generate --model ... --prompt TEXT`")
     device = resolve_device(args.device)
     model, tokenizer = load_bert(args.model)
     model.to(device)

@@ -1,12 +1,12 @@
 """``handformer generate``: continue a prompt with a causal language model, streaming tokens.
 
-The model folder is either a GPT-2-family checkpoint (``config.json`` with
-``model_type: gpt2`` + ``model.safetensors``, loaded by ``load_gpt2``) or a folder written by
-``CausalLM.save_pretrained`` (e.g. a ``handformer train`` run). The tokenizer is looked up in
-the same folder, in this order:
-
-1. ``tokenizer.json`` -- any ``tokenizers`` tokenizer (GPT-2's byte-level BPE, ...);
-2. ``vocab.json`` with ``"kind": "char"`` -- the character vocabulary the trainer saves.
+``--model`` is anything :func:`handformer.pretrained.load_lm` reads: a checkpoint folder of a
+causal LM family (``config.json`` with ``model_type`` ``gpt2``, ``llama``, ``mistral``,
+``qwen2``, ``qwen3``, ``gemma2``, ``gemma3_text``, ``gemma3`` + safetensors weights), a folder
+written by ``CausalLM.save_pretrained`` (e.g. a ``handformer train`` run), a ``.gguf`` file or
+a shipped model's name. The tokenizer comes with it: ``tokenizer.json`` (with the folder's
+special tokens), GPT-2's ``vocab.json`` + ``merges.txt``, the GGUF file's own, or the
+character vocabulary ``vocab.json`` the trainer saves.
 
 Greedy decoding by default; ``--temperature``, ``--top-k`` or ``--top-p`` switch to sampling,
 seeded by ``--seed`` (same seed, same text on one device). Without ``--max-new-tokens`` it
@@ -17,23 +17,32 @@ makes up to 50 tokens, fewer where the model's context ends (with a note on stde
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from handformer.commands.common import UsageError, add_device_argument, note, resolve_device
 
 NAME = "generate"
-HELP = "Continue a prompt with a GPT-2 or handformer CausalLM folder, streaming the tokens."
+HELP = ("Continue a prompt with a causal LM (GPT-2, Llama, Mistral, Qwen, Gemma, a GGUF file "
+        "or a handformer train run), streaming the tokens.")
 
 
 DEFAULT_NEW_TOKENS = 50  # without --max-new-tokens: this many, or fewer where the context ends
+CHAT_NEW_TOKENS = 256  # a reply's default limit with --chat (it usually ends at its end token)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", metavar="DIR", required=True,
-                        help="GPT-2 folder or CausalLM.save_pretrained folder")
-    parser.add_argument("--prompt", metavar="TEXT", required=True, help="text to continue")
+    parser.add_argument("--model", metavar="MODEL", required=True,
+                        help="causal LM folder (GPT-2, Llama, Mistral, Qwen2/3, Gemma 2/3, a "
+                             "handformer train run), a .gguf file or a shipped model name")
+    text = parser.add_mutually_exclusive_group(required=True)
+    text.add_argument("--prompt", metavar="TEXT", help="text to continue")
+    text.add_argument("--chat", metavar="TEXT",
+                      help="a message to an instruct model: rendered with its chat template, "
+                           "the reply streamed until the end of its turn")
+    from handformer.commands.chat import add_chat_options
+
+    add_chat_options(parser)
     parser.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
                         help=f"tokens to generate (default: {DEFAULT_NEW_TOKENS}, or as many as "
                              "fit in the model's context, with a note)")
@@ -51,33 +60,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_device_argument(parser)
 
 
-def load_model_and_tokenizer(folder: str | Path) -> tuple[object, object]:
-    """The model and tokenizer of a generation folder (see the module docstring).
+def load_model_and_tokenizer(source: str | Path, *, command: str = "generate",
+                             device: object = "cpu") -> tuple[object, object]:
+    """The model and tokenizer of ``--model`` (see the module docstring), through
+    :func:`handformer.pretrained.load_lm`.
 
     Raises:
-        FileNotFoundError: for a missing folder or config.
-        ValueError: for an unknown model type or a folder without a tokenizer.
+        FileNotFoundError: for nothing at ``source``, a folder without config or weights.
+        UsageError: for a ``model_type`` that is not a causal LM (naming what is accepted).
+        ValueError: for a folder without a tokenizer.
     """
-    from handformer.models.causal_lm import MODEL_TYPE, CausalLM
-    from handformer.pretrained.gpt2 import load_gpt2
-    from handformer.pretrained.text_tokenizer import TextTokenizer
+    import warnings
 
-    folder = Path(folder)
-    config = folder / "config.json"
-    if not config.is_file():
-        raise FileNotFoundError(f"no config.json in {folder}: --model takes a GPT-2 or a "
-                                "CausalLM folder")
-    try:
-        model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
-    except (ValueError, AttributeError) as exc:
-        raise ValueError(f"{config}: not a JSON object ({exc})") from exc
-    if model_type == "gpt2":
-        model, tokenizer = load_gpt2(folder)
-    elif model_type == MODEL_TYPE:
-        model, tokenizer = CausalLM.from_pretrained(folder), TextTokenizer.from_dir(folder)
-    else:
-        raise ValueError(f"{config}: model_type {model_type!r} cannot generate; expected "
-                         f"'gpt2' or {MODEL_TYPE!r}")
+    from handformer.commands.common import causal_choices, is_causal_model
+    from handformer.pretrained.lm import is_causal_source, load_lm
+
+    path = Path(source)
+    if not path.exists() and not is_causal_source(str(source)):
+        raise FileNotFoundError(f"no config.json in {source} (no such folder, .gguf file or "
+                                f"shipped name): --model takes {causal_choices()}")
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise FileNotFoundError(f"no config.json in {source}: --model takes "
+                                f"{causal_choices()}")
+    is_causal_model(str(source), command, encoders=False)  # refuses other model types
+    folder = path if path.is_dir() else path.parent
+    with warnings.catch_warnings():  # a missing tokenizer is said below, in one line
+        warnings.filterwarnings("ignore", message=".*has no tokenizer.*")
+        model, tokenizer = load_lm(source, device=device)
     if tokenizer is None and (folder / "vocab.json").is_file():
         from handformer.train.data import CharVocab
 
@@ -167,6 +176,10 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     _check_flags(args)
+    if args.chat is not None:
+        return _chat_once(args)
+    if args.system is not None:
+        raise UsageError("--system goes with --chat (a system message for an instruct model)")
     device = resolve_device(args.device)
     model, tokenizer = load_model_and_tokenizer(args.model)
     model.to(device)
@@ -176,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
     max_len = model.config.max_len
     n, cut = new_token_count(args.max_new_tokens, len(ids), max_len)
     do_sample = any(v is not None for v in (args.temperature, args.top_k, args.top_p))
-    eos = getattr(tokenizer, "eos_token_id", None)
+    eos = tokenizer.eos_token_id
     stream = _TextStream(tokenizer, args.prompt, eos, sys.stdout)
     model.generate(
         torch.tensor([ids], device=device), max_new_tokens=n, do_sample=do_sample,
@@ -193,4 +206,25 @@ def run(args: argparse.Namespace) -> int:
         note(f"stopped at the model's context limit: {len(ids)} prompt + {n} new = {max_len} "
              f"tokens (without --max-new-tokens, generate makes up to {DEFAULT_NEW_TOKENS} "
              "tokens, as many as fit)")
+    return 0
+
+
+def _chat_once(args: argparse.Namespace) -> int:
+    """``generate --chat TEXT``: one turn of :class:`~handformer.pretrained.chat.ChatSession`."""
+    from handformer.commands.chat import open_session
+
+    if args.no_cache:
+        raise UsageError("--no-cache goes with --prompt, not --chat")
+    session = open_session(args, CHAT_NEW_TOKENS if args.max_new_tokens is None
+                           else args.max_new_tokens)
+
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    try:
+        session.send(args.chat, on_text=write)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    write("\n")
     return 0

@@ -18,7 +18,12 @@ import sys
 import threading
 from collections.abc import Iterator
 
-from handformer.commands.common import UsageError, add_device_argument, resolve_device
+from handformer.commands.common import (
+    UsageError,
+    add_device_argument,
+    is_causal_model,
+    resolve_device,
+)
 
 NAME = "serve"
 HELP = "Serve a live web app: type text, see the attention, ablate heads, generate."
@@ -28,9 +33,10 @@ GRACE_S = 0.5  # seconds open connections get at shutdown
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", metavar="DIR", action="append", default=None,
+    parser.add_argument("--model", metavar="MODEL", action="append", default=None,
                         help="BERT-family folder (default: the bundled all-MiniLM-L6-v2), or a "
-                             "GPT-2 / handformer train folder (causal LM: adds generation); "
+                             "causal LM (adds generation): a GPT-2 / Llama / Mistral / Qwen / "
+                             "Gemma / handformer train folder, a .gguf file or a shipped name; "
                              "give it several times to offer several models (the first is "
                              "loaded at start, the others when the page picks them; "
                              "all-MiniLM-L6-v2 names the bundled encoder)")
@@ -76,6 +82,10 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise UsageError(str(exc)) from None
     device = str(resolve_device(args.device))
+    from handformer.serve.registry import BUNDLED
+
+    for model in args.model or [None]:  # another model_type: one line naming what is read
+        is_causal_model(None if model in ("", BUNDLED) else model, "serve")
     loopback = args.host in LOOPBACK
     if not loopback:
         sys.stderr.write(f"warning: --host {args.host} lets other machines reach this server "

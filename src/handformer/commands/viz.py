@@ -17,14 +17,15 @@ font lacks) go to stderr as one ``note:`` line each. ``--window-size`` belongs t
 with another kind they are refused, not ignored. ``--device`` picks where the model runs.
 
 ``--model`` takes a BERT-family folder (``--attention`` swaps every layer's attention kind,
-keeping the weights) or a causal language model folder (GPT-2, or a ``handformer train``
-run), shown with the attention it was trained with and its causal pattern beside it.
+keeping the weights) or a causal language model -- a folder :func:`handformer.pretrained.load_lm`
+reads (GPT-2, Llama, Mistral, Qwen2/3, Gemma 2/3, a ``handformer train`` run), a ``.gguf``
+file or a shipped model's name -- shown with the attention it was trained with and its causal
+pattern beside it. A folder of another ``model_type`` is refused, naming what is accepted.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -40,10 +41,11 @@ KINDS = ("full", "local", "strided", "linear")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("text", metavar="TEXT", help="the text to run the model on")
-    parser.add_argument("--model", metavar="DIR", default=None,
+    parser.add_argument("--model", metavar="MODEL", default=None,
                         help="BERT-family checkpoint folder (default: the bundled "
-                             "all-MiniLM-L6-v2), or a GPT-2 / handformer train folder "
-                             "(causal language model)")
+                             "all-MiniLM-L6-v2), or a causal LM: a GPT-2 / Llama / Mistral / "
+                             "Qwen / Gemma / handformer train folder, a .gguf file or a "
+                             "shipped model name")
     parser.add_argument("--layer", type=int, default=None,
                         help="layer of head.png, from 0 (default: the layer of the strongest "
                              "link between two words)")
@@ -137,17 +139,11 @@ class _Run:
 
 
 def _causal_folder(model: str | None) -> bool:
-    """True for a GPT-2 or ``handformer train`` folder (config.json ``model_type``)."""
-    if model is None:
-        return False
-    config = Path(model) / "config.json"
-    try:
-        model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return False
-    from handformer.models.causal_lm import MODEL_TYPE
+    """True for a causal LM (``load_lm``'s folders, ``.gguf`` files and shipped names); a
+    folder of a ``model_type`` viz does not read is refused, naming what it does."""
+    from handformer.commands.common import is_causal_model
 
-    return model_type in ("gpt2", MODEL_TYPE)
+    return is_causal_model(model, "viz")
 
 
 def _check_limits(args: argparse.Namespace, N: int, H: int) -> None:
@@ -167,7 +163,7 @@ def _run_bert(args: argparse.Namespace, text: str, device: object) -> _Run:
     _check_limits(args, model.config.num_hidden_layers, model.config.num_attention_heads)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        encodings = tokenizer.encode([text])  # truncated to the model's limit, with a warning
+        encodings = tokenizer.encode_batch([text])  # truncated to the model's limit, with a warning
     batch = {k: v.to(device) for k, v in tokenizer.pad(encodings).items()}  # (1, L) tensors
     tokens = encodings[0].tokens
     if any("truncated" in str(w.message) for w in caught):
@@ -201,7 +197,7 @@ def _run_causal(args: argparse.Namespace, text: str, device: object) -> _Run:
 
     from handformer.commands.generate import load_model_and_tokenizer
 
-    model, tokenizer = load_model_and_tokenizer(args.model)
+    model, tokenizer = load_model_and_tokenizer(args.model, command="viz")
     model.to(device)
     c = model.config
     kind = model.layers[0].self_attn.attention
@@ -224,6 +220,11 @@ def _run_causal(args: argparse.Namespace, text: str, device: object) -> _Run:
                  "local": f"causal local attention, window {c.window_size}",
                  "strided": f"causal strided attention, stride {c.stride}",
                  "linear": "causal linear attention"}.get(c.attention, c.attention)
+    types = getattr(c, "layer_types", None)
+    if types and "local" in types:  # sliding-window layers among full ones (Mistral, Gemma)
+        local = sum(t == "local" for t in types)
+        kind_text = (f"causal attention; {local} of {len(types)} layers see the last "
+                     f"{(c.window_size + 1) // 2} tokens (pattern: layer 0)")
     from handformer.pretrained.token_labels import label_words, token_labels
 
     labels = token_labels(tokenizer, ids)

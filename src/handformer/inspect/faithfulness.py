@@ -168,7 +168,7 @@ def faithfulness(model: torch.nn.Module, tokenizer: object, text: str, *, row: s
         raise ValueError(f"ablation must be one of {ABLATIONS}, got {ablation!r}")
     from handformer.pretrained.pooling import SentencePooling
 
-    enc = tokenizer.encode([text])[0]
+    enc = tokenizer.encode_batch([text])[0]
     L = len(enc.ids)
     positions = [j for j in range(L) if include_special or not enc.special_tokens_mask[j]]
     if len(positions) < 2:

@@ -1,4 +1,5 @@
-"""Which heads matter for the similarity of two sentences (``handformer heads``).
+"""Which heads matter (``handformer heads``): for the similarity of two sentences (an
+encoder), or for a causal LM's log-probability of a continuation.
 
 Shape letters: ``N`` layers, ``H`` heads.
 """
@@ -8,14 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from handformer.inspect.ablation import head_ablation_sweep, head_means
 from handformer.pretrained.bert import BertModel
 from handformer.pretrained.pooling import SentencePooling
 from handformer.pretrained.tokenizer import BertTokenizer
 
-__all__ = ["HeadEffects", "pair_similarity_effects"]
+__all__ = ["HeadEffects", "pair_similarity_effects", "continuation_effects"]
 
 
 @dataclass
@@ -78,3 +79,58 @@ def pair_similarity_effects(model: BertModel, tokenizer: BertTokenizer, text_a: 
     with torch.no_grad():
         clean = float(cosine(model(**enc)))
     return HeadEffects(effects, clean, "cosine similarity of the two embeddings", mode)
+
+
+def _encode(tokenizer: object, text: str, *, special: bool) -> list[int]:
+    """Token ids, with the tokenizer's special tokens (BOS) only where asked for: tokenizers
+    of the protocol take ``add_special_tokens``; the plain ones add none anyway."""
+    try:
+        return list(tokenizer.encode(text, add_special_tokens=special))  # type: ignore[attr-defined]
+    except TypeError:
+        return list(tokenizer.encode(text))  # type: ignore[attr-defined]
+
+
+def continuation_effects(model: nn.Module, tokenizer: object, prompt: str, continuation: str,
+                         *, mode: str = "zero", batch_size: int = 16,
+                         progress: bool | None = None) -> HeadEffects:
+    """The change in a causal LM's log-probability of ``continuation`` after ``prompt`` when
+    each head is ablated alone.
+
+    Args:
+        model: a :class:`~handformer.CausalLM` (put in eval mode for the sweep).
+        tokenizer: its tokenizer (``encode``).
+        prompt, continuation: the text and what follows it.
+        mode: ``"zero"``, or ``"mean"`` (each head's mean output over the text).
+        batch_size: ablations per forward pass.
+        progress: show a progress bar (default: on a terminal, for long sweeps).
+
+    Returns:
+        :class:`HeadEffects` of ``sum log p(continuation token | everything before it)``, in
+        nats.
+
+    Raises:
+        ValueError: for a text that gives no tokens, or one longer than the model's context.
+    """
+    model.eval()
+    first = _encode(tokenizer, prompt, special=True)
+    rest = _encode(tokenizer, continuation, special=False)
+    if not first or not rest:
+        raise ValueError("the prompt and the continuation must each give at least one token")
+    max_len = model.config.max_len  # type: ignore[attr-defined]
+    if len(first) + len(rest) > max_len:
+        raise ValueError(f"prompt + continuation = {len(first) + len(rest)} tokens, more than "
+                         f"the model's context of {max_len}")
+    device = next(model.parameters()).device
+    ids = torch.tensor([first + rest], device=device)  # (1, T)
+    targets = ids[0, len(first):]  # (C,)
+
+    def logprob(out: object) -> Tensor:
+        logits = out.logits[0, len(first) - 1:-1].double()  # (C, V): each predicts the next
+        return logits.log_softmax(-1).gather(-1, targets[:, None]).sum()
+
+    means = head_means(model, ids) if mode == "mean" else None
+    effects = head_ablation_sweep(model, ids, logprob, mode=mode, means=means,
+                                  batch_size=batch_size, progress=progress)
+    with torch.no_grad():
+        clean = float(logprob(model(ids)))
+    return HeadEffects(effects, clean, "log-probability of the continuation", mode)

@@ -152,7 +152,7 @@ def _pooled_layers(model: nn.Module, tokenizer: object, text: str) -> Tensor:
     limit = tokenizer.max_length
     if pooling.max_seq_length is not None:
         limit = min(limit, pooling.max_seq_length)
-    batch = tokenizer.pad(tokenizer.encode([text], max_length=limit))
+    batch = tokenizer([text], max_length=limit)
     device = next(model.parameters()).device
     batch = {name: v.to(device) for name, v in batch.items()}
     N = len(model.encoder.layers)

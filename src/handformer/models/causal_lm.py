@@ -36,7 +36,7 @@ from handformer.models.causal_lm_config import CausalLMConfig
 from handformer.models.plain_step import PlainDecodeStep
 from handformer.norms import make_norm
 from handformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
-from handformer.positional_rotary import RotaryEmbedding
+from handformer.positional_rotary import RotaryEmbedding, shared_tables
 from handformer.weights import load_safetensors
 
 __all__ = ["CausalLM", "CausalLMConfig", "CausalLMOutput", "MODEL_TYPE"]
@@ -217,6 +217,20 @@ class CausalLM(nn.Module):
             x = x + self.hook_pos_embed(F.embedding(positions, self.pos_emb.pe).to(x.dtype))
         x = self.drop(x)
         mask = None if keep is None else keep[:, None, None, :]  # (B, 1, 1, L)
+        if torch.compiler.is_compiling():  # (a compiled graph computes the tables once anyway)
+            x, attentions = self._layers(x, mask, positions, cache, need_weights)
+        else:
+            with shared_tables():  # one rotary cos/sin table per forward pass, not per layer
+                x, attentions = self._layers(x, mask, positions, cache, need_weights)
+        if self.norm is not None:
+            x = self.hook_final_norm(self.norm(x))
+        logits = soft_cap(self.lm_head(x), self.config.final_softcap)  # (B, L, V)
+        return logits, (tuple(attentions) if need_weights else None)
+
+    def _layers(self, x: Tensor, mask: Tensor | None, positions: Tensor,
+                cache: DecodingCache | None, need_weights: bool
+                ) -> tuple[Tensor, list[Tensor | None]]:
+        """The decoder layers in turn: ``(B, L, E)`` -> ``(B, L, E)`` and their weights."""
         attentions = []
         for i, layer in enumerate(self.layers):
             x, weights, _ = layer.forward_with_weights(
@@ -224,10 +238,7 @@ class CausalLM(nn.Module):
                 cache=None if cache is None else cache.layers[i], positions=positions,
             )
             attentions.append(weights)
-        if self.norm is not None:
-            x = self.hook_final_norm(self.norm(x))
-        logits = soft_cap(self.lm_head(x), self.config.final_softcap)  # (B, L, V)
-        return logits, (tuple(attentions) if need_weights else None)
+        return x, attentions
 
     def decode_step(self, input_ids: Tensor, cache: DecodingCache,
                     run: Callable[..., tuple[Tensor, object]] | None = None) -> Tensor:

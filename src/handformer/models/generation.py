@@ -13,7 +13,7 @@ afterwards, and generation stops when every sequence is finished.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -73,7 +73,7 @@ def filter_logits(logits: Tensor, *, top_k: int | None = None,
 
 def generate(model: nn.Module, input_ids: Tensor, *, max_new_tokens: int,
              do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
-             top_p: float | None = None, eos_token_id: int | None = None,
+             top_p: float | None = None, eos_token_id: int | Sequence[int] | None = None,
              pad_token_id: int | None = None, attention_mask: Tensor | None = None,
              generator: torch.Generator | None = None, use_cache: bool = True,
              streamer: Callable[[Tensor], None] | None = None, plain_step: bool = True,
@@ -99,8 +99,10 @@ def generate(model: nn.Module, input_ids: Tensor, *, max_new_tokens: int,
         temperature: divides the logits before sampling (> 0 when sampling).
         top_k: sample only among the ``top_k`` most likely tokens.
         top_p: nucleus sampling threshold in (0, 1].
-        eos_token_id: a sequence that emits it is finished.
-        pad_token_id: written after a sequence finished (default ``eos_token_id``).
+        eos_token_id: a sequence that emits it is finished; a list or tuple of ids for
+            models with several end tokens (an instruct model's end of turn and end of text).
+        pad_token_id: written after a sequence finished (default ``eos_token_id``, the first
+            one of a list).
         attention_mask: ``(B, L)`` 1/0, 0 on left padding of the prompts.
         generator: a seeded ``torch.Generator`` makes sampling reproducible.
         use_cache: decode incrementally with the model's cache (same tokens, much faster).
@@ -130,7 +132,8 @@ def generate(model: nn.Module, input_ids: Tensor, *, max_new_tokens: int,
     _check_int("max_new_tokens", max_new_tokens, 0)
     _check_settings(do_sample, temperature, top_k, top_p)
     config = model.config
-    for name, value in (("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
+    eos_ids = _eos_ids(eos_token_id)
+    for name, value in [("eos_token_id", i) for i in eos_ids] + [("pad_token_id", pad_token_id)]:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                   or not 0 <= value < config.vocab_size):
             raise ValueError(f"{name} must be a token id in [0, {config.vocab_size}), "
@@ -151,14 +154,15 @@ def generate(model: nn.Module, input_ids: Tensor, *, max_new_tokens: int,
     if not isinstance(plain_step, bool):
         raise ValueError(f"plain_step must be True or False, got {plain_step!r}")
     run = _compiled_run(model, compile, compile_backend, use_cache)
-    pad = eos_token_id if pad_token_id is None else pad_token_id
+    pad = (eos_ids[0] if eos_ids else None) if pad_token_id is None else pad_token_id
+    eos = torch.tensor(eos_ids, dtype=torch.long, device=input_ids.device) if eos_ids else None
 
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():
             ids = _loop(model, input_ids, attention_mask, max_new_tokens, do_sample,
-                        temperature, top_k, top_p, eos_token_id, pad, generator, use_cache,
+                        temperature, top_k, top_p, eos, pad, generator, use_cache,
                         streamer, run, plain_step and run is None)
     finally:
         model.train(was_training)
@@ -227,7 +231,7 @@ def _static_capacity(needed: int, max_len: int) -> int:
 
 def _loop(model: nn.Module, ids: Tensor, mask: Tensor | None, max_new_tokens: int,
           do_sample: bool, temperature: float, top_k: int | None, top_p: float | None,
-          eos: int | None, pad: int | None, generator: torch.Generator | None,
+          eos: Tensor | None, pad: int | None, generator: torch.Generator | None,
           use_cache: bool, streamer: Callable[[Tensor], None] | None,
           run: Callable[..., tuple[Tensor, object]] | None, plain: bool) -> Tensor:
     B, L = ids.shape
@@ -273,10 +277,24 @@ def _loop(model: nn.Module, ids: Tensor, mask: Tensor | None, max_new_tokens: in
         if streamer is not None:
             streamer(token)
         if eos is not None:
-            finished |= token == eos
+            finished |= torch.isin(token, eos)
             if bool(finished.all()):
                 break
     return out[:, :n]
+
+
+def _eos_ids(eos_token_id: object) -> list:
+    """``eos_token_id`` as a list of ids (empty for None); the values are checked by the
+    caller. A list, tuple or set must not be empty."""
+    if eos_token_id is None:
+        return []
+    if isinstance(eos_token_id, (list, tuple, set, frozenset)):
+        if not eos_token_id:
+            raise ValueError("eos_token_id must be a token id or a non-empty list of ids, "
+                             "got an empty list")
+        return sorted(eos_token_id) if isinstance(eos_token_id, (set, frozenset)) \
+            else list(eos_token_id)
+    return [eos_token_id]
 
 
 def _new_cache(model: nn.Module, capacity: int):  # noqa: ANN202 - the model's cache type

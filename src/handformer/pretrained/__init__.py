@@ -5,13 +5,17 @@ sentence embeddings, and the strict safetensors loader they share.
     enc = tokenizer(["a sentence", "another one"])
     out = model(**enc, need_weights=True)          # last_hidden_state, attentions
     vectors = embed(["a sentence", "another one"])
+    lm, tok = load_lm("path/to/llama-folder")     # GPT-2, Llama, Mistral, Qwen, Gemma; GGUF
 """
 
 from handformer.pretrained.bert import BertConfig, BertModel, BertOutput, bert_key_map
 from handformer.pretrained.checkpoints import bundled_model_dir, load_bert
 from handformer.pretrained.embed import embed
 from handformer.pretrained.gpt2 import load_gpt2
+from handformer.pretrained.lm import build_causal_lm, load_lm
+from handformer.pretrained.lm_tokenizer import LMTokenizer
 from handformer.pretrained.pooling import SentencePooling
+from handformer.pretrained.protocol import Tokenizer
 from handformer.pretrained.text_tokenizer import TextTokenizer
 from handformer.pretrained.tokenizer import BertTokenizer
 from handformer.weights import CheckpointError, LoadReport, load_safetensors
@@ -22,13 +26,17 @@ __all__ = [
     "BertOutput",
     "BertTokenizer",
     "CheckpointError",
+    "LMTokenizer",
     "LoadReport",
     "SentencePooling",
     "TextTokenizer",
+    "Tokenizer",
     "bert_key_map",
+    "build_causal_lm",
     "bundled_model_dir",
     "embed",
     "load_bert",
     "load_gpt2",
+    "load_lm",
     "load_safetensors",
 ]

@@ -63,7 +63,7 @@ def embed(texts: str | Sequence[str], *, model: BertModel | None = None,
     limit = tokenizer.max_length
     if pooling.max_seq_length is not None:
         limit = min(limit, pooling.max_seq_length)
-    encodings = tokenizer.encode(texts, max_length=limit)
+    encodings = tokenizer.encode_batch(texts, max_length=limit)
     N = len(encodings)
     order = sorted(range(N), key=lambda i: -len(encodings[i].ids))
     device = next(model.parameters()).device

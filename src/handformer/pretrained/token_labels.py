@@ -264,8 +264,8 @@ def texts_unknown_notice(tokenizer: object, texts: Sequence[str], *, model: str,
     """:func:`unknown_notice` over several texts together (special tokens not counted).
 
     Args:
-        tokenizer: a BERT-family tokenizer (``encode([text])`` giving encodings) or one of
-            the LLM protocol (``encode(text)`` giving ids).
+        tokenizer: a BERT-family tokenizer (``encode_batch([text])`` giving encodings with
+            a special-token mask) or any other of the protocol (``encode(text)``: ids).
         texts: the texts.
         model, what, advice: as for :func:`unknown_notice`.
 
@@ -281,8 +281,8 @@ def texts_unknown_notice(tokenizer: object, texts: Sequence[str], *, model: str,
     for text in texts:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a text cut to the model's limit
-            if hasattr(tokenizer, "pad"):  # BertTokenizer: encodings with a special mask
-                enc = tokenizer.encode([text])[0]
+            if hasattr(tokenizer, "encode_batch"):  # BertTokenizer: with a special mask
+                enc = tokenizer.encode_batch([text])[0]
                 ids = [i for i, s in zip(enc.ids, enc.special_tokens_mask, strict=True)
                        if not s]
             else:

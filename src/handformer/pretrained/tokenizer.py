@@ -5,6 +5,12 @@ It turns text (or pairs of texts) into the padded tensors a :class:`BertModel` t
     enc = tokenizer(["a sentence", "another, longer sentence"])
     enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]   # each (B, L)
 
+It speaks the one tokenizer protocol (:class:`~handformer.pretrained.protocol.Tokenizer`:
+``encode(text)`` -> ids with ``[CLS]``/``[SEP]``, ``decode``, ``tokens``, ``to_tokens``, ...),
+pads on the right, and adds BERT's own batch API: pairs of texts, ``max_length`` /
+``truncation``, and :meth:`BertTokenizer.encode_batch` -> ``tokenizers.Encoding`` objects
+(offsets, special-token masks) with :meth:`BertTokenizer.pad`.
+
 Shape letters: ``B`` batch, ``L`` length (the longest text in the batch).
 """
 
@@ -29,13 +35,19 @@ from tokenizers import (
 from tokenizers.processors import TemplateProcessing
 from torch import Tensor
 
+from handformer.pretrained.protocol import TokenizerMethods, check_ids
+
 __all__ = ["BertTokenizer"]
 
 TextInput = str | Sequence[str] | Sequence[tuple[str, str]]
 
 
-class BertTokenizer:
+class BertTokenizer(TokenizerMethods):
     """Text -> padded ``input_ids`` / ``attention_mask`` / ``token_type_ids`` tensors.
+
+    Everything it returns fits the model: texts longer than ``max_length`` tokens are cut
+    (with a warning) by :meth:`__call__`, :meth:`encode`, :meth:`tokens` and :meth:`to_tokens`
+    alike, keeping the closing ``[SEP]``.
 
     Args:
         tokenizer: a ``tokenizers.Tokenizer`` that adds ``[CLS]``/``[SEP]`` (its own padding
@@ -60,6 +72,34 @@ class BertTokenizer:
         if pad_id is None:
             pad_id = tokenizer.token_to_id("[PAD]") or 0
         self.pad_id = pad_id
+
+    padding_side = "right"
+    bos_token_id = eos_token_id = None  # BERT has [CLS] / [SEP] instead (see below)
+
+    @property
+    def pad_token_id(self) -> int:
+        """The padding id (:attr:`pad_id`)."""
+        return self.pad_id
+
+    @property
+    def unk_token_id(self) -> int | None:
+        """The id of ``[UNK]``, or None."""
+        return self._tokenizer.token_to_id("[UNK]")
+
+    @property
+    def cls_token_id(self) -> int | None:
+        """The id of ``[CLS]``, or None."""
+        return self._tokenizer.token_to_id("[CLS]")
+
+    @property
+    def sep_token_id(self) -> int | None:
+        """The id of ``[SEP]``, or None."""
+        return self._tokenizer.token_to_id("[SEP]")
+
+    @property
+    def mask_token_id(self) -> int | None:
+        """The id of ``[MASK]``, or None."""
+        return self._tokenizer.token_to_id("[MASK]")
 
     @classmethod
     def from_dir(cls, path: str | os.PathLike, *, max_length: int | None = None
@@ -103,24 +143,79 @@ class BertTokenizer:
         """Number of tokens in the vocabulary."""
         return self._tokenizer.get_vocab_size()
 
+    def __len__(self) -> int:
+        return self.vocab_size
+
     def token_to_id(self, token: str) -> int | None:
         """The id of one vocabulary entry (e.g. ``"[MASK]"``), or None if it has none."""
         return self._tokenizer.token_to_id(token)
+
+    def id_to_token(self, i: int) -> str:
+        """The vocabulary string of id ``i``."""
+        return self._tokenizer.id_to_token(check_ids([i], self.vocab_size)[0])
 
     def tokens(self, text: str, text_pair: str | None = None) -> list[str]:
         """The token strings of one text (with ``[CLS]``/``[SEP]``), e.g. heat-map labels.
 
         Truncated like :meth:`__call__` with ``truncation=True``.
         """
-        return self.encode([text] if text_pair is None else [(text, text_pair)])[0].tokens
+        return self.encode_batch([text] if text_pair is None
+                                 else [(text, text_pair)])[0].tokens
 
-    def __call__(self, texts: TextInput, text_pairs: Sequence[str] | str | None = None, *,
+    def encode(self, text: str, add_special_tokens: bool = True, *,  # type: ignore[override]
+               truncation: bool = True, **batch_options: object) -> list[int]:
+        """The ids of one text, ``[CLS] ... [SEP]`` with ``add_special_tokens``; cut to the
+        model's limit (with a warning) unless ``truncation=False`` (then: every token).
+
+        A list of texts is the batch form of earlier versions (deprecated): it returns
+        :meth:`encode_batch`'s ``tokenizers.Encoding`` objects.
+
+        Raises:
+            TypeError: if ``text`` is not a string.
+            ValueError: for an empty text or lone surrogates.
+        """
+        if not isinstance(text, str) and isinstance(text, (list, tuple)):
+            warnings.warn("BertTokenizer.encode(list of texts) is deprecated: it is "
+                          "encode_batch(texts); encode(text) returns one text's ids",
+                          DeprecationWarning, stacklevel=2)
+            pairs = None if isinstance(add_special_tokens, bool) else add_special_tokens
+            return self.encode_batch(text, pairs, truncation=truncation, **batch_options)
+        if batch_options:
+            raise TypeError(f"encode(text) takes no {sorted(batch_options)}; those options "
+                            "belong to __call__ and encode_batch")
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a string, got {type(text).__name__}: {text!r:.60}")
+        _check_text(text, "text")
+        if not truncation:
+            return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        encoding = self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        if len(encoding.ids) > self.max_length:
+            warnings.warn(f"1 text(s) longer than {self.max_length} tokens (the longest "
+                          f"{len(encoding.ids)}) were truncated to {self.max_length}",
+                          stacklevel=2)
+            encoding = self._truncating_tokenizer(self.max_length).encode(
+                text, add_special_tokens=add_special_tokens)
+        return encoding.ids
+
+    def decode(self, ids: Sequence[int] | Tensor, skip_special_tokens: bool = False) -> str:
+        """The text of ``ids`` (WordPiece's ``##`` pieces joined; special tokens dropped with
+        ``skip_special_tokens``).
+
+        Raises:
+            ValueError: for an id outside the vocabulary.
+        """
+        return self._tokenizer.decode(check_ids(ids, self.vocab_size),
+                                      skip_special_tokens=skip_special_tokens)
+
+    def __call__(self, texts: TextInput,  # type: ignore[override]
+                 text_pairs: Sequence[str] | str | None = None, *, padding: bool = True,
                  max_length: int | None = None, truncation: bool = True) -> dict[str, Tensor]:
-        """Tokenize and pad a batch.
+        """Tokenize and pad a batch (on the right).
 
         Args:
             texts: one text, a list of texts, or a list of ``(text, text_pair)`` tuples.
             text_pairs: second segments (token type 1), one per text; alternative to tuples.
+            padding: pad to the longest text; False refuses texts of different lengths.
             max_length: longest encoding, at most the model's limit (default the limit).
             truncation: cut longer encodings (with a warning); when False they raise.
 
@@ -130,15 +225,23 @@ class BertTokenizer:
 
         Raises:
             TypeError: for inputs that are not strings.
-            ValueError: for an empty batch or empty text, ``max_length`` above the limit, or
-                a text longer than the limit when ``truncation=False``.
+            ValueError: for an empty batch or empty text, ``max_length`` above the limit, a
+                text longer than the limit when ``truncation=False``, or texts of different
+                lengths with ``padding=False``.
         """
-        return self.pad(self.encode(texts, text_pairs, max_length=max_length,
-                                    truncation=truncation))
+        encodings = self.encode_batch(texts, text_pairs, max_length=max_length,
+                                      truncation=truncation)
+        lengths = [len(e.ids) for e in encodings]
+        if not padding and len(set(lengths)) > 1:
+            raise ValueError(f"padding=False but the texts have different lengths {lengths} "
+                             "(in tokens); pass padding=True")
+        return self.pad(encodings)
 
-    def encode(self, texts: TextInput, text_pairs: Sequence[str] | str | None = None, *,
-               max_length: int | None = None, truncation: bool = True) -> list[Encoding]:
-        """Like :meth:`__call__` but returns unpadded ``tokenizers.Encoding`` objects."""
+    def encode_batch(self, texts: TextInput, text_pairs: Sequence[str] | str | None = None,
+                     *, max_length: int | None = None, truncation: bool = True
+                     ) -> list[Encoding]:
+        """Like :meth:`__call__` but returns unpadded ``tokenizers.Encoding`` objects (ids,
+        tokens, offsets, ``special_tokens_mask``, ``type_ids``), for :meth:`pad`."""
         limit = self._limit(max_length)
         batch = _as_batch(texts, text_pairs)
         encodings = self._tokenizer.encode_batch(batch)

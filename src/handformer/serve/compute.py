@@ -137,12 +137,12 @@ def encode(state: ModelState, text: str, field: str = "text", *,
         return _from_ids(state, ids, field, limit)
     tokenizer, notice = state.tokenizer, None
     try:
-        encodings = tokenizer.encode([text], max_length=limit, truncation=False)
+        encodings = tokenizer.encode_batch([text], max_length=limit, truncation=False)
     except ValueError as exc:
         if "limit" not in str(exc):
             raise RequestError(field, " ".join(str(exc).split())) from None
-        full = len(tokenizer._tokenizer.encode(text).ids)  # only to count the tokens
-        encodings = tokenizer.encode([text], max_length=limit)  # cut (warning filtered)
+        full = len(tokenizer.encode(text, truncation=False))  # only to count the tokens
+        encodings = tokenizer.encode_batch([text], max_length=limit)  # cut (warning filtered)
         what = "limit" if limit == state.max_tokens else "sentence-embedding limit"
         notice = (f"{field} has {full} tokens, more than the model's {what} of {limit}; only "
                   f"the first {limit} were used")

@@ -49,7 +49,7 @@ class Generation:
         self.budget = min(req.max_new_tokens, self.room)
         self.sample = any(v is not None for v in (req.temperature, req.top_k, req.top_p))
         self.generator = torch.Generator(device=state.device).manual_seed(req.seed)
-        self.eos = getattr(state.tokenizer, "eos_token_id", None)
+        self.eos = state.tokenizer.eos_token_id
         self.cache = self.model.new_cache() if req.attention.kind in ("full", "strided") else None
         self.pending: Tensor = ids  # what the next forward reads, (1, T)
         self.ids: list[int] = []

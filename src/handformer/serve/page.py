@@ -42,10 +42,10 @@ def example_text(state: ModelState) -> str:
         compute.encode(state, EXAMPLE)
         return EXAMPLE
     except ValueError:
-        tokens = getattr(state.tokenizer, "tokens", None)
-        if isinstance(tokens, list):  # a character vocabulary
-            return "".join(t for t in tokens if t.isprintable())[:24] or tokens[0]
-        return state.tokenizer.decode(list(range(min(8, len(state.tokenizer)))))
+        tokenizer = state.tokenizer  # the first tokens of the vocabulary, as text
+        pieces = [tokenizer.decode([i]) for i in range(min(256, len(tokenizer)))]
+        return ("".join(p for p in pieces if p.isprintable())[:24]
+                or tokenizer.decode(list(range(min(8, len(tokenizer))))))
 
 
 def _insert(page: str, marker: str, text: str, *, before: bool) -> str:

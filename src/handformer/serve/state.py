@@ -10,7 +10,6 @@ kinds run on different module trees at the same time; memory grows by a few kilo
 from __future__ import annotations
 
 import copy
-import json
 import math
 import threading
 from collections import OrderedDict
@@ -113,22 +112,40 @@ def _layers(model: nn.Module) -> list[nn.Module]:
 
 
 def _is_causal_folder(folder: Path) -> bool:
-    try:
-        model_type = json.loads((folder / "config.json").read_text(encoding="utf-8")).get(
-            "model_type")
-    except (OSError, ValueError, AttributeError):
-        return False
-    from handformer.models.causal_lm import MODEL_TYPE
+    """A causal LM: a folder ``load_lm`` reads, a ``.gguf`` file or a shipped name."""
+    from handformer.pretrained.lm import is_causal_source
 
-    return model_type in ("gpt2", MODEL_TYPE)
+    return is_causal_source(folder)
+
+
+def _load_causal(path: Path, device: torch.device) -> tuple[nn.Module, object]:
+    """``load_lm``'s model and tokenizer (a ``handformer train`` run's character vocabulary
+    where it has no other)."""
+    import warnings
+
+    from handformer.pretrained.lm import load_lm
+
+    with warnings.catch_warnings():  # a missing tokenizer is said below, in one line
+        warnings.filterwarnings("ignore", message=".*has no tokenizer.*")
+        model, tokenizer = load_lm(path, device=device)
+    folder = path if path.is_dir() else path.parent
+    if tokenizer is None and (folder / "vocab.json").is_file():
+        from handformer.train.data import CharVocab
+
+        tokenizer = CharVocab.load(folder / "vocab.json")
+    if tokenizer is None:
+        raise ValueError(f"{path} has no tokenizer: add tokenizer.json (tokenizers "
+                         "library) or a character vocab.json")
+    return model, tokenizer
 
 
 class ModelState:
     """A loaded model, its tokenizer, and its attention-kind views.
 
     Args:
-        folder: a BERT-family folder (default: the bundled all-MiniLM-L6-v2), a GPT-2 folder
-            or a ``handformer train`` / ``CausalLM.save_pretrained`` folder.
+        folder: a BERT-family folder (default: the bundled all-MiniLM-L6-v2), or a causal LM
+            :func:`~handformer.pretrained.load_lm` reads: a GPT-2 / Llama / Mistral / Qwen /
+            Gemma / ``handformer train`` folder, a ``.gguf`` file or a shipped name.
         device: where the model runs.
 
     Attributes:
@@ -154,23 +171,7 @@ class ModelState:
         path = None if folder is None else Path(folder)
         self.causal = path is not None and _is_causal_folder(path)
         if self.causal:
-            from handformer.models.causal_lm import CausalLM
-            from handformer.pretrained.gpt2 import load_gpt2
-            from handformer.pretrained.text_tokenizer import TextTokenizer
-
-            config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-            if config.get("model_type") == "gpt2":
-                model, tokenizer = load_gpt2(path, device=self.device)
-            else:
-                model = CausalLM.from_pretrained(path).to(self.device)
-                tokenizer = TextTokenizer.from_dir(path)
-            if tokenizer is None and (path / "vocab.json").is_file():
-                from handformer.train.data import CharVocab
-
-                tokenizer = CharVocab.load(path / "vocab.json")
-            if tokenizer is None:
-                raise ValueError(f"{path} has no tokenizer: add tokenizer.json (tokenizers "
-                                 "library) or a character vocab.json")
+            model, tokenizer = _load_causal(path, self.device)
             c = model.config
             self.num_layers, self.num_heads, self.max_tokens = c.num_layers, c.num_heads, c.max_len
             self.embed_tokens = self.max_tokens

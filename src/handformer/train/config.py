@@ -32,8 +32,10 @@ class TrainConfig:
         num_symbols: alphabet size (synthetic tasks, 2-36).
         block_size: characters per window (``lm``).
         val_fraction: validation share of the text (``lm``).
-        num_layers, d_model, num_heads, d_ff, dropout, activation, positional, attention,
-            window_size, stride: the :class:`~handformer.models.causal_lm.CausalLMConfig`.
+        num_layers, d_model, num_heads, d_ff: the model's size, as in
+            :class:`~handformer.models.causal_lm.CausalLMConfig`.
+        dropout, activation, positional, attention, window_size, stride: the same
+            :class:`~handformer.models.causal_lm.CausalLMConfig` options.
         steps: optimiser steps.
         batch_size: global batch (rows per optimiser step, over all ranks and micro-steps).
         grad_accum: micro-steps per optimiser step.

@@ -20,19 +20,24 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from handformer.pretrained.protocol import TokenizerMethods, check_ids
+
 __all__ = ["CharVocab", "read_text", "batch_generator", "shard_rows", "VOCAB_NAME"]
 
 VOCAB_NAME = "vocab.json"
 
 
-class CharVocab:
-    """A character-level vocabulary: token id ``i`` is the string ``tokens[i]``.
+class CharVocab(TokenizerMethods):
+    """A character-level vocabulary: token id ``i`` is the character ``chars[i]``.
 
     Saved as ``vocab.json``: ``{"kind": "char", "tokens": ["<c0>", "<c1>", ...]}``; every
     token is one character, so ``decode(encode(s)) == s`` for any text over the vocabulary.
+    It speaks the tokenizer protocol (:class:`~handformer.pretrained.protocol.Tokenizer`):
+    it has no special tokens (``bos/eos/pad/unk_token_id`` are None; padding writes id 0,
+    masked out) and pads on the left, as the causal models trained on it need.
 
     Args:
-        tokens: distinct single characters, in id order.
+        tokens: distinct single characters, in id order (kept as :attr:`chars`).
 
     Raises:
         ValueError: for an empty list, duplicates or tokens that are not one character.
@@ -48,18 +53,24 @@ class CharVocab:
                              f"{bad[:5]!r}")
         if len(set(tokens)) != len(tokens):
             raise ValueError("character vocabulary tokens must be distinct")
-        self.tokens = tokens
+        self.chars = tokens
         self.index = {t: i for i, t in enumerate(tokens)}
 
-    def __len__(self) -> int:
-        return len(self.tokens)
+    padding_side = "left"
+    bos_token_id = eos_token_id = pad_token_id = unk_token_id = None
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``.
+    def __len__(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text`` (there are no special tokens to add).
 
         Raises:
+            TypeError: if ``text`` is not a string.
             ValueError: naming the first character that is not in the vocabulary.
         """
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a string, got {type(text).__name__}: {text!r:.60}")
         try:
             return [self.index[c] for c in text]
         except KeyError as exc:
@@ -67,16 +78,22 @@ class CharVocab:
                              f"({len(self)} characters)") from None
 
     def decode(self, ids: Sequence[int] | Tensor) -> str:
-        """The text of ``ids``."""
-        if isinstance(ids, Tensor):
-            ids = ids.tolist()
-        return "".join(self.tokens[i] for i in ids)
+        """The text of ``ids``.
+
+        Raises:
+            ValueError: for an id outside the vocabulary.
+        """
+        return "".join(self.chars[i] for i in check_ids(ids, len(self.chars)))
+
+    def id_to_token(self, i: int) -> str:
+        """The character of id ``i``."""
+        return self.chars[i]
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write ``vocab.json`` atomically (temp file, fsync, rename)."""
         from handformer.train.checkpoint import atomic_write_bytes
 
-        text = json.dumps({"kind": "char", "tokens": self.tokens}, ensure_ascii=False)
+        text = json.dumps({"kind": "char", "tokens": self.chars}, ensure_ascii=False)
         return atomic_write_bytes(Path(path), (text + "\n").encode())
 
     @classmethod

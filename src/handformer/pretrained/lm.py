@@ -1,0 +1,577 @@
+"""One entry point for every causal language model: :func:`load_lm`.
+
+``load_lm(source)`` takes
+
+* a folder in Hugging Face's layout: ``config.json`` whose ``model_type`` is one a family
+  module reads (``gpt2``, ``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``gemma2``,
+  ``gemma3_text``, ``gemma3``; see :mod:`handformer.pretrained.families`), with
+  ``model.safetensors`` or shards listed in ``model.safetensors.index.json``; or a folder
+  written by ``handformer train`` / ``CausalLM.save_pretrained``;
+* a ``.gguf`` file (llama.cpp's format; read by :mod:`handformer.pretrained.gguf`);
+* a shipped model's name (``smollm2-135m-instruct``, ``gemma3-270m``).
+
+Loading is strict and all-or-nothing (:func:`build_causal_lm`): the model is built on the
+``meta`` device (its parameters take no memory), every tensor of the checkpoint is checked
+against it -- missing, unexpected, mis-shaped and wrongly typed keys are reported together
+in one :class:`~handformer.weights.CheckpointError`, in the checkpoint's own names -- and only
+then are the tensors read, one at a time, converted to the requested dtype and installed.
+The peak memory is about one copy of the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib
+import json
+import os
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from torch import Tensor, nn
+
+from handformer.attention.kinds import AttentionKind
+from handformer.layers import check_attention
+from handformer.models.causal_lm import CausalLM
+from handformer.pretrained.families import HANDFORMER_TYPE, Family, family_for
+from handformer.pretrained.folders import CONFIG_NAME, WEIGHTS_NAME, read_config_json
+from handformer.pretrained.text_tokenizer import TextTokenizer, missing_tokenizer_note
+from handformer.weights import (
+    DTYPES,
+    CheckpointError,
+    _plan,
+    _read_tensors,
+    check_not_pickle,
+    pickle_files,
+    pickle_refusal,
+    read_safetensors_header,
+)
+
+__all__ = ["load_lm", "build_causal_lm", "SafetensorsState", "open_weights", "INDEX_NAME",
+           "is_causal_source", "resolve_source", "shipped_names", "folder_tokenizer",
+           "swap_attention"]
+
+INDEX_NAME = "model.safetensors.index.json"
+DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+
+# ---- reading weights ---------------------------------------------------------------------
+
+
+class SafetensorsState(Mapping):
+    """A checkpoint's tensors by name, read from one or more safetensors files on access.
+
+    Only the headers are read on creation (each file validated: a truncated or corrupt one
+    raises there); ``state[key]`` reads that one tensor into fresh memory, so a loader that
+    installs each tensor before asking for the next holds one model's worth at the peak.
+
+    Args:
+        files: the safetensors files (one, or a sharded checkpoint's shards).
+
+    Attributes:
+        header: ``{key: {"dtype", "shape", ...}}`` over every file.
+
+    Raises:
+        FileNotFoundError, CheckpointError: as
+            :func:`~handformer.weights.read_safetensors_header`; CheckpointError also for a
+            tensor held by two shards.
+    """
+
+    def __init__(self, files: list[Path]) -> None:
+        self.files = [Path(p) for p in files]
+        self.header: dict[str, dict] = {}
+        self._where: dict[str, tuple[Path, dict, int]] = {}
+        for path in self.files:
+            header, start = read_safetensors_header(path)
+            for key, info in header.items():
+                if key in self._where:
+                    raise CheckpointError(f"{path}: tensor {key} is also in "
+                                          f"{self._where[key][0].name}; each tensor belongs "
+                                          "in one shard")
+                self._where[key] = (path, header, start)
+                self.header[key] = info
+
+    def __getitem__(self, key: str) -> Tensor:
+        path, header, start = self._where[key]
+        return _read_tensors(path, header, start, [key])[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.header)
+
+    def __len__(self) -> int:
+        return len(self.header)
+
+
+def open_weights(folder: Path) -> SafetensorsState:
+    """The weights of a checkpoint folder: ``model.safetensors``, or the shards that
+    ``model.safetensors.index.json`` lists.
+
+    Raises:
+        FileNotFoundError: for a folder without weights, or a shard the index names that is
+            not there.
+        CheckpointError: for pickle-only folders (with the conversion), a malformed index,
+            a shard name that leaves the folder, and an index that disagrees with its shards
+            (every such key named).
+    """
+    single = folder / WEIGHTS_NAME
+    if single.is_file():
+        return SafetensorsState([single])
+    index = folder / INDEX_NAME
+    if not index.is_file():
+        pickles = pickle_files(folder)
+        if pickles:
+            raise pickle_refusal(pickles[0], found_instead_of=WEIGHTS_NAME)
+        raise FileNotFoundError(f"{folder} has no {WEIGHTS_NAME} (nor a sharded "
+                                f"{INDEX_NAME})")
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{index}: not a safetensors index (a JSON object with a "
+                              f"'weight_map'): {exc}") from None
+    if not isinstance(weight_map, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+        raise CheckpointError(f"{index}: weight_map must map tensor names to shard file names")
+    shards = sorted(set(weight_map.values()))
+    for name in shards:
+        if Path(name).name != name or name in (".", ".."):
+            raise CheckpointError(f"{index}: shard {name!r} is not a file name in {folder}")
+        check_not_pickle(folder / name)
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"{index} lists shard {name}, which is not in {folder}")
+    state = SafetensorsState([folder / name for name in shards])
+    wrong = [f"{key} (index: {shard}, found in "
+             f"{state._where[key][0].name if key in state._where else 'no shard'})"
+             for key, shard in sorted(weight_map.items())
+             if key not in state._where or state._where[key][0].name != shard]
+    unlisted = sorted(set(state.header) - set(weight_map))
+    if wrong or unlisted:
+        sections = [f"{len(items)} {title}:\n  " + "\n  ".join(items) for title, items in (
+            ("keys not where the index says", wrong),
+            ("keys in the shards but not in the index", unlisted)) if items]
+        raise CheckpointError(f"{index} does not match its shards; nothing was loaded.\n"
+                              + "\n".join(sections))
+    return state
+
+
+def _header_of(state: Mapping[str, Tensor]) -> dict[str, dict]:
+    """A safetensors-style header (dtype name and shape per key) of any tensor mapping."""
+    header = getattr(state, "header", None)
+    if isinstance(header, dict):
+        return header
+    out = {}
+    for key, t in state.items():
+        if not isinstance(t, Tensor):
+            raise TypeError(f"state[{key!r}] must be a torch.Tensor, got {type(t).__name__}")
+        out[key] = {"dtype": DTYPE_NAMES.get(t.dtype, str(t.dtype)), "shape": list(t.shape)}
+    return out
+
+
+# ---- building the model ------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Modules built inside put their parameters on the ``meta`` device (no memory, no
+    initialisation cost); buffers and plain tensors (RoPE frequencies) stay real."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and param.device.type != "meta":
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+def _targets(value: object) -> list[tuple[str, object]]:
+    """A key map value as ``[(handformer key, transform or None)]``."""
+    if isinstance(value, str):
+        return [(value, None)]
+    return [(t, None) if isinstance(t, str) else tuple(t) for t in value]  # type: ignore[misc]
+
+
+def _holder(shapes: Mapping[str, tuple[int, ...]], tied: tuple[str, str] | None) -> nn.Module:
+    """A parameter-only module on ``meta`` with the checkpoint's canonical names and shapes;
+    ``tied = (embedding key, head key)`` registers the head as the same tensor."""
+    root = nn.Module()
+    for name, shape in shapes.items():
+        *path, leaf = name.split(".")
+        module = root
+        for part in path:
+            if part not in module._modules:
+                module.add_module(part, nn.Module())
+            module = module._modules[part]  # type: ignore[assignment]
+        module.register_parameter(leaf, nn.Parameter(torch.empty(shape, device="meta"),
+                                                     requires_grad=False))
+    if tied is not None:
+        embed, head = tied
+        *path, leaf = head.split(".")
+        module = root
+        for part in path:
+            if part not in module._modules:
+                module.add_module(part, nn.Module())
+            module = module._modules[part]  # type: ignore[assignment]
+        module.register_parameter(leaf, root.get_parameter(embed))
+    return root
+
+
+def _check_options(dtype: object, attention: object) -> torch.dtype:
+    if dtype is None:
+        dtype = torch.float32
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r} (None: "
+                        "float32)")
+    if attention is not None and not (isinstance(attention, AttentionKind)
+                                      or callable(attention)):
+        raise TypeError(f"attention must be an attention kind (e.g. FullAttention(), "
+                        f"LocalAttention(9)) or a factory returning one, got "
+                        f"{type(attention).__name__}")
+    return dtype
+
+
+def _check_device(device: object) -> torch.device:
+    try:
+        return torch.device(device)  # type: ignore[arg-type]
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device={device!r} is not a torch device; use 'cpu', 'cuda', "
+                         "'cuda:0', 'mps', ...") from None
+
+
+def swap_attention(model: CausalLM, attention: object) -> None:
+    """Give every layer its own copy of ``attention`` (a kind, or a factory called per
+    layer), keeping the weights. A model with an attention-logit soft-cap (Gemma 2) keeps it
+    in softmax kinds given without one: the cap is part of the model, not of the kind."""
+    cap = getattr(model.config, "attn_softcap", None)
+    for layer in model.layers:
+        kind = (copy.deepcopy(attention) if isinstance(attention, AttentionKind)
+                else check_attention(attention()))  # type: ignore[operator]
+        if cap is not None and getattr(kind, "softcap", False) is None:
+            kind.softcap = cap
+        layer.self_attn.attention = kind
+
+
+def build_causal_lm(hf_config: Mapping[str, object], state: Mapping[str, Tensor], *,
+                    source: str, dtype: torch.dtype | None = None,
+                    device: str | torch.device = "cpu", attention: object = None
+                    ) -> CausalLM:
+    """A :class:`~handformer.CausalLM` from a Hugging Face config dict and its tensors.
+
+    Strict and all-or-nothing: every tensor the config implies must be in ``state`` once, with
+    its shape, and nothing else may be (keys the family skips on purpose aside, such as a
+    multimodal checkpoint's vision tower). The model is built on the ``meta`` device and
+    filled tensor by tensor, so the memory needed is one copy of the model.
+
+    Args:
+        hf_config: the ``config.json`` dict (``model_type`` picks the family).
+        state: checkpoint key -> tensor, in the checkpoint's names (a
+            :class:`SafetensorsState` reads each tensor when it is asked for).
+        source: how errors name the checkpoint (its path).
+        dtype: parameter dtype (None: float32).
+        device: where the parameters go.
+        attention: an attention kind (or a factory) for every layer instead of the
+            configured ones, with the same weights.
+
+    Returns:
+        The model, in eval mode.
+
+    Raises:
+        ValueError: for an unknown ``model_type`` (naming the supported ones) or a config
+            field handformer cannot honour (naming it and its value).
+        CheckpointError: naming every missing, unexpected, mis-shaped and wrongly typed key
+            (in the checkpoint's names); nothing is loaded.
+        TypeError: for a non-floating ``dtype`` or an ``attention`` that is not a kind.
+    """
+    dtype = _check_options(dtype, attention)
+    where = _check_device(device)
+    if not isinstance(hf_config, Mapping):
+        raise TypeError(f"hf_config must be a dict (config.json), got "
+                        f"{type(hf_config).__name__}")
+    family = family_for(hf_config.get("model_type"))
+    config = family.config_from_hf(dict(hf_config))
+    with _parameters_on_meta():
+        model = CausalLM(config)
+    canonical = family.key_map(config)
+    ours = dict(model.named_parameters())  # tied parameters once
+    header = _header_of(state)
+    holder = _holder(_file_shapes(family, config, canonical, ours), _tie(family, config))
+    layout = family.layout
+    prefix = layout.prefix_of(header)
+
+    def to_canonical(key: str) -> str | None:
+        if layout.skips(key):
+            return None
+        if key in layout.heads:
+            return layout.heads[0]
+        if key.startswith(prefix):
+            return layout.body + key[len(prefix):]
+        return key
+
+    plan, _, problems = _plan(holder, header, to_canonical, layout.to_file(header))
+    if problems:
+        raise CheckpointError(f"{source}: the checkpoint does not match its config "
+                              f"({hf_config.get('model_type')}); nothing was loaded.\n"
+                              + "\n".join(problems))
+    aliases = {name: group[0] for group in _alias_groups(holder) for name in group}
+    values: dict[str, Tensor] = {}
+    for file_key, target, _ in plan:
+        tensor = state[file_key]
+        for our_key, transform in _targets(canonical[aliases[target]]):
+            value = tensor if transform is None else transform(tensor)  # type: ignore[operator]
+            values[our_key] = value.to(device=where, dtype=dtype).contiguous()
+        del tensor
+    for name, value in values.items():
+        owner, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(owner), leaf, nn.Parameter(value))
+    if config.tie_weights:  # type: ignore[attr-defined]
+        model.lm_head.weight = model.tok_emb.weight
+    left = [n for n, p in model.named_parameters() if p.device.type == "meta"]
+    if left:  # a key map that misses a parameter: a bug here, not in the file
+        raise RuntimeError(f"the {family.name} key map leaves parameters unloaded: {left}")
+    model.to(where)  # buffers
+    if attention is not None:
+        swap_attention(model, attention)
+    return model.eval()
+
+
+def _tie(family: Family, config: object) -> tuple[str, str] | None:
+    if not config.tie_weights:  # type: ignore[attr-defined]
+        return None
+    return family.layout.body + family.layout.anchor, family.layout.heads[0]
+
+
+def _alias_groups(module: nn.Module) -> list[list[str]]:
+    groups: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(p), []).append(name)
+    return list(groups.values())
+
+
+def _file_shapes(family: Family, config: object, canonical: Mapping[str, object],
+                 ours: Mapping[str, nn.Parameter]) -> dict[str, tuple[int, ...]]:
+    """Canonical checkpoint key -> shape: the family's, or the model's where the key map only
+    renames (checking that the map covers every parameter exactly once)."""
+    mapped = [k for v in canonical.values() for k, _ in _targets(v)]
+    unknown = sorted(set(mapped) - set(ours))
+    uncovered = sorted(set(ours) - set(mapped) - ({"lm_head.weight"}
+                                                   if config.tie_weights else set()))  # type: ignore[attr-defined]
+    if unknown or uncovered:
+        raise RuntimeError(f"the {family.name} key map does not fit CausalLM: names no "
+                           f"parameter {unknown}, leaves out {uncovered}")
+    if family.file_shapes is not None:
+        return dict(family.file_shapes(config))
+    return {k: tuple(ours[_targets(v)[0][0]].shape) for k, v in canonical.items()}
+
+
+# ---- finding the source ------------------------------------------------------------------
+
+
+def _sibling(name: str) -> ModuleType:
+    """``handformer.pretrained.<name>``, imported when first needed (the GGUF package and the
+    LLM tokenizer are optional at run time and import heavier libraries)."""
+    return importlib.import_module(f"handformer.pretrained.{name}")
+
+
+def _shipped() -> dict[str, object]:
+    try:
+        return dict(_sibling("gguf.shipped").SHIPPED)
+    except ImportError:
+        return {}
+
+
+def shipped_names() -> list[str]:
+    """The shipped models' names (empty when the GGUF package is not there)."""
+    return list(_shipped())
+
+
+def _not_found(source: object) -> FileNotFoundError:
+    names = ", ".join(_shipped()) or "none installed"
+    return FileNotFoundError(
+        f"no checkpoint folder at {source}: handformer reads local folders (config.json + "
+        f"model.safetensors), .gguf files and shipped names ({names}), never a model hub. "
+        "Save a hub model as a folder once, where you have the network: `from transformers "
+        "import AutoModelForCausalLM, AutoTokenizer; AutoModelForCausalLM.from_pretrained(NAME)"
+        ".save_pretrained(DIR); AutoTokenizer.from_pretrained(NAME).save_pretrained(DIR)`")
+
+
+def resolve_source(source: str | os.PathLike) -> Path:
+    """The path of ``source``: a folder, a file in one, a ``.gguf`` file, or a shipped name's
+    file.
+
+    Raises:
+        TypeError: for a source that is not a string or path.
+        FileNotFoundError: for nothing there (the message says what ``load_lm`` reads).
+    """
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError(f"source must be a folder, a .gguf file or a shipped model name, got "
+                        f"{type(source).__name__}")
+    path = Path(source)
+    if path.exists():
+        return path
+    if isinstance(source, str) and source in _shipped():
+        return Path(_sibling("gguf.shipped").shipped_path(source))
+    raise _not_found(source)
+
+
+def is_causal_source(source: object) -> bool:
+    """Whether ``source`` names something :func:`load_lm` reads: a ``.gguf`` file, a shipped
+    name, or a folder whose ``config.json`` has a causal LM's ``model_type``."""
+    from handformer.pretrained.families import supported_model_types
+
+    if not isinstance(source, (str, os.PathLike)):
+        return False
+    path = Path(source)
+    if path.suffix.lower() == ".gguf":
+        return True
+    if not path.exists():
+        return isinstance(source, str) and source in _shipped()
+    folder = path if path.is_dir() else path.parent
+    try:
+        model_type = json.loads((folder / CONFIG_NAME).read_text(encoding="utf-8")).get(
+            "model_type")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return model_type in supported_model_types()
+
+
+# ---- load_lm -----------------------------------------------------------------------------
+
+
+def load_lm(source: str | os.PathLike, *, dtype: torch.dtype | None = None,
+            device: str | torch.device = "cpu", attention: object = None,
+            tokenizer: bool = True) -> tuple[CausalLM, object | None]:
+    """Load a causal language model (and its tokenizer) onto handformer's layers.
+
+    Args:
+        source: a checkpoint folder (``config.json`` + ``model.safetensors`` or a sharded
+            ``model.safetensors.index.json``; ``model_type`` ``gpt2``, ``llama``,
+            ``mistral``, ``qwen2``, ``qwen3``, ``gemma2``, ``gemma3_text``, ``gemma3`` or a
+            ``handformer train`` run), its ``.safetensors`` file, a ``.gguf`` file, or a
+            shipped model's name (``smollm2-135m-instruct``, ``gemma3-270m``).
+        dtype: parameter dtype (None: float32).
+        device: where to put the model.
+        attention: an attention kind (or a zero-argument factory) for every layer, replacing
+            the configured ones with the same weights (as ``load_bert`` does).
+        tokenizer: load the tokenizer too; False loads the model alone, quietly.
+
+    Returns:
+        ``(model, tokenizer)``: the model in eval mode; the folder's tokenizer
+        (``tokenizer.json`` and its special tokens; GPT-2's ``vocab.json`` + ``merges.txt``),
+        or None with a ``UserWarning`` naming the missing files, or None when ``tokenizer``
+        is False.
+
+    Raises:
+        FileNotFoundError: for nothing at ``source`` (the message says what is read), a
+            folder without config or weights.
+        ValueError: for an unknown ``model_type`` (naming every supported one), a config
+            field handformer cannot honour (naming it and its value).
+        CheckpointError: (a ``ValueError``) for pickle checkpoints (with the conversion),
+            truncated or corrupt files, and keys that do not match the config (every one
+            listed, in the file's names); no model is returned.
+        TypeError: for a non-floating ``dtype``, a bad ``attention`` or ``tokenizer``.
+    """
+    return _load(source, dtype=dtype, device=device, attention=attention,
+                 tokenizer=tokenizer, caller="load_lm")
+
+
+def _load(source: str | os.PathLike, *, dtype: torch.dtype | None, device: object,
+          attention: object, tokenizer: bool, caller: str,
+          expect: str | None = None) -> tuple[CausalLM, object | None]:
+    dtype = _check_options(dtype, attention)
+    _check_device(device)
+    if not isinstance(tokenizer, bool):
+        raise TypeError(f"tokenizer must be True or False, got {tokenizer!r}")
+    path = resolve_source(source)
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return _load_gguf(path, dtype=dtype, device=device, attention=attention,
+                          tokenizer=tokenizer)
+    if path.is_file():
+        check_not_pickle(path)
+        folder, state = path.parent, SafetensorsState([path])
+    else:
+        folder, state = path, None
+        if not (path / WEIGHTS_NAME).is_file() and not (path / INDEX_NAME).is_file():
+            open_weights(path)  # the reason: pickle only, or no weights
+    data = read_config_json(folder)
+    model_type = data.get("model_type")
+    if expect is not None and model_type != expect:
+        raise ValueError(f"model_type is {model_type!r}, {caller} reads {expect!r} checkpoints")
+    if model_type == HANDFORMER_TYPE:
+        model = CausalLM.from_pretrained(folder, dtype=dtype).to(device)
+        if attention is not None:
+            swap_attention(model, attention)
+        model.eval()
+    else:
+        family_for(model_type)  # an unknown type is named before the weights are read
+        weights = state if state is not None else open_weights(folder)
+        model = build_causal_lm(data, weights, source=_name(weights, folder), dtype=dtype,
+                                device=device, attention=attention)
+    if not tokenizer:
+        return model, None
+    tok = folder_tokenizer(folder, data)
+    if tok is None:
+        warnings.warn(f"{missing_tokenizer_note(folder)}; {caller} returns the model with "
+                      f"tokenizer None (pass tokenizer=False to load the model alone without "
+                      "this warning)", stacklevel=3)
+    return model, tok
+
+
+def _name(state: SafetensorsState, folder: Path) -> str:
+    files = state.files
+    return str(files[0]) if len(files) == 1 else str(folder / INDEX_NAME)
+
+
+def _eos_token_id(folder: Path, data: Mapping[str, object]) -> int | None:
+    """The end-of-text id: ``generation_config.json``'s, else ``config.json``'s (the first
+    of a list)."""
+    eos = data.get("eos_token_id")
+    gen = folder / "generation_config.json"
+    if gen.is_file():
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            eos = json.loads(gen.read_text(encoding="utf-8")).get("eos_token_id", eos)
+    if isinstance(eos, list):
+        eos = eos[0] if eos else None
+    return eos if isinstance(eos, int) and not isinstance(eos, bool) else None
+
+
+def folder_tokenizer(folder: Path, data: Mapping[str, object]) -> object | None:
+    """The tokenizer of a checkpoint folder, or None when it has none.
+
+    GPT-2 folders and ``handformer train`` runs get a
+    :class:`~handformer.pretrained.TextTokenizer` (``tokenizer.json``, or GPT-2's
+    ``vocab.json`` + ``merges.txt``); the other families an ``LMTokenizer`` (``tokenizer.json``
+    with the folder's special tokens).
+
+    Raises:
+        ValueError: for tokenizer files that cannot be read.
+    """
+    model_type = data.get("model_type")
+    if model_type not in ("gpt2", HANDFORMER_TYPE) and (folder / "tokenizer.json").is_file():
+        try:
+            lm_tokenizer = _sibling("lm_tokenizer")
+        except ImportError:  # before the tokenizer module lands: the plain one
+            pass
+        else:
+            return lm_tokenizer.LMTokenizer.from_folder(folder)
+    return TextTokenizer.from_dir(folder, eos_token_id=_eos_token_id(folder, data))
+
+
+def _load_gguf(path: Path, *, dtype: torch.dtype, device: object, attention: object,
+               tokenizer: bool) -> tuple[CausalLM, object | None]:
+    """A ``.gguf`` file through :mod:`handformer.pretrained.gguf`."""
+    file = _sibling("gguf.reader").read_gguf(path)
+    hf_config, state = _sibling("gguf.convert").gguf_to_hf(file, dtype=dtype)
+    model = build_causal_lm(hf_config, state, source=str(path), dtype=dtype, device=device,
+                            attention=attention)
+    del state
+    if not tokenizer:
+        return model, None
+    tok = _sibling("lm_tokenizer").LMTokenizer.from_gguf_metadata(file.metadata,
+                                                                  source=str(path))
+    return model, tok

@@ -1,0 +1,32 @@
+"""The LLM benchmark runs end to end in quick mode (a smoke test, not a timing test)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_bench_llm_quick_mode_writes_results(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    env = {**os.environ, "HANDFORMER_BENCH_QUICK": "1", "TMPDIR": str(tmp_path),
+           "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_llm.py")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    data = json.loads((tmp_path / "handformer-bench-quick" / "llm.json").read_text())
+    (run,) = data["threads"]
+    assert run["forward_ms"]["handformer"] > 0 and run["forward_ms"]["transformers"] > 0
+    assert [d["context"] for d in run["decode"]] == [16, 64]
+    assert all(d["identical_tokens"] and d["ms_per_token"]["floor"] > 0 for d in run["decode"])
+    kv = data["kv_cache"]
+    assert kv["ratio_vs_mha"] == kv["expected_ratio"] == 0.5  # 2 KV heads of 4
+    assert kv["sliding_layer_tokens"] == kv["sliding_window"] - 1  # the window, not 64
+    assert len(data["load_average_start"]) == 3 and data["streaming"]["floor_gb_per_s"] > 0
