@@ -40,7 +40,8 @@ def folders(tmp_path_factory):
     tok = byte_level_bpe()
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=tok.get_vocab_size(), n_positions=128,
-                                     n_embd=16, n_layer=2, n_head=2)
+                                     n_embd=16, n_layer=2, n_head=2,
+                                     bos_token_id=0, eos_token_id=0)
     transformers.GPT2LMHeadModel(config).save_pretrained(zh, safe_serialization=True)
     tok.save(str(zh / "tokenizer.json"))
     broken = root / "broken"

@@ -139,7 +139,7 @@ def test_count_unknown_with_the_bundled_english_model():
     from handformer.pretrained import load_bert
 
     _, tokenizer = load_bert(None)
-    ids = tokenizer.encode([ZH])[0].ids
+    ids = tokenizer.encode(ZH)
     n = count_unknown(tokenizer, ids)
     assert n >= len(ZH) // 2
     assert unknown_notice(n, len(ids), model="all-MiniLM-L6-v2").startswith(f"{n} of {len(ids)}")

@@ -34,7 +34,8 @@ def gpt2_bytes(tmp_path_factory):
     tok = byte_level_bpe()
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=tok.get_vocab_size(), n_positions=64, n_embd=16,
-                                     n_layer=2, n_head=2)
+                                     n_layer=2, n_head=2,
+                                     bos_token_id=0, eos_token_id=0)
     transformers.GPT2LMHeadModel(config).save_pretrained(folder, safe_serialization=True)
     tok.save(str(folder / "tokenizer.json"))
     return folder

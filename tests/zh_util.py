@@ -9,6 +9,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from handformer.pretrained.token_labels import visible
 
 ZH = "动物没有过马路，因为它太累了"
+EOS = "<|endoftext|>"  # id 0 of byte_level_bpe()
 
 
 def byte_level_bpe(vocab_size: int = 270) -> Tokenizer:
@@ -17,6 +18,7 @@ def byte_level_bpe(vocab_size: int = 270) -> Tokenizer:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+                                  special_tokens=[EOS],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([ZH * 20, "the animal was tired " * 20], trainer)
     return tok
