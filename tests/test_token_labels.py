@@ -59,6 +59,14 @@ def test_a_token_with_the_end_of_one_character_and_whole_others():
     assert token_labels(tok, ids) == ["动·1/2", "动·2/2+物"]
 
 
+def test_bytes_of_one_token_run_together():
+    tok = byte_level_bpe()
+    alphabet = {b: c for c, b in _alphabet().items()}
+    piece = "".join(alphabet[b] for b in "动".encode()[:2])  # 2 of 动's 3 bytes, alone
+    tok.add_tokens([piece])
+    assert token_labels(tok, [tok.token_to_id(piece)]) == ["<0xE5><0x8A>"]
+
+
 def test_a_character_cut_short_shows_its_bytes():
     tok = byte_fallback_bpe()
     ids = tok.encode("动").ids[1:3]  # after "▁": two of the three bytes

@@ -130,13 +130,14 @@ def _label_run(pieces: list[bytes]) -> list[str]:
     labels = []
     for token_parts in parts:
         merged: list[str] = []
-        last_whole = False
+        last = None  # kind of the last part: "whole", "byte" or "piece"
         for text, whole in token_parts:
-            if whole and last_whole:
-                merged[-1] += text  # whole characters stay one word
+            kind = "whole" if whole else ("byte" if text.startswith("<0x") else "piece")
+            if merged and kind == last and kind != "piece":
+                merged[-1] += text  # whole characters stay one word, bytes one run
             else:
                 merged.append(text)
-            last_whole = whole
+            last = kind
         labels.append("+".join(merged) if merged else "")
     return labels
 

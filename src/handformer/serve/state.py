@@ -111,14 +111,15 @@ def _layers(model: nn.Module) -> list[nn.Module]:
     return list(model.layers)  # CausalLM (GPT-2 folders and handformer train runs)
 
 
-def _is_causal_folder(folder: Path) -> bool:
-    """A causal LM: a folder ``load_lm`` reads, a ``.gguf`` file or a shipped name."""
+def _is_causal_folder(folder: str | Path) -> bool:
+    """A causal LM: a folder ``load_lm`` reads, a ``.gguf`` file or a shipped name (a string:
+    a shipped name is not a path)."""
     from handformer.pretrained.lm import is_causal_source
 
     return is_causal_source(folder)
 
 
-def _load_causal(path: Path, device: torch.device) -> tuple[nn.Module, object]:
+def _load_causal(source: str | Path, device: torch.device) -> tuple[nn.Module, object]:
     """``load_lm``'s model and tokenizer (a ``handformer train`` run's character vocabulary
     where it has no other)."""
     import warnings
@@ -127,7 +128,8 @@ def _load_causal(path: Path, device: torch.device) -> tuple[nn.Module, object]:
 
     with warnings.catch_warnings():  # a missing tokenizer is said below, in one line
         warnings.filterwarnings("ignore", message=".*has no tokenizer.*")
-        model, tokenizer = load_lm(path, device=device)
+        model, tokenizer = load_lm(source, device=device)
+    path = Path(source)
     folder = path if path.is_dir() else path.parent
     if tokenizer is None and (folder / "vocab.json").is_file():
         from handformer.train.data import CharVocab
@@ -169,9 +171,11 @@ class ModelState:
     def __init__(self, folder: str | Path | None = None, *, device: str = "cpu") -> None:
         self.device = torch.device(device)
         path = None if folder is None else Path(folder)
-        self.causal = path is not None and _is_causal_folder(path)
+        self.causal = folder is not None and _is_causal_folder(
+            folder if isinstance(folder, str) else path)
         if self.causal:
-            model, tokenizer = _load_causal(path, self.device)
+            model, tokenizer = _load_causal(folder if isinstance(folder, str) else path,
+                                            self.device)
             c = model.config
             self.num_layers, self.num_heads, self.max_tokens = c.num_layers, c.num_heads, c.max_len
             self.embed_tokens = self.max_tokens
