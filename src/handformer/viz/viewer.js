@@ -711,7 +711,7 @@
     $("boost").addEventListener("change", function (e) {
       S.boost = e.target.checked; drawColourbar(); redraw();
     });
-    document.querySelectorAll(".tab").forEach(function (b) {
+    document.querySelectorAll(".tab[data-view]").forEach(function (b) {
       b.addEventListener("click", function () { setView(b.dataset.view); });
     });
     ["heat", "pattern"].forEach(function (id) {
