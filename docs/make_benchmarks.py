@@ -439,8 +439,9 @@ def _serve_llm(llm: dict | None, met: dict) -> list[str]:
     return [f"- {llm['model']} ({llm['layers']} layers x {llm['heads']} heads), 512 tokens: "
             f"{llm['http_s']:.2f} s against {llm['direct_s']:.2f} s for the direct forward "
             f"with weights plus the viewer's export, {llm['ratio']:.2f}x (target <= 1.5x, "
-            f"{met[llm['within_target']]}). Switching the page to a second model: the first "
-            f"request loads it ({llm['switch']['first_s']:.2f} s), the next takes "
+            f"{met[llm['within_target']]}). Switching the page to "
+            f"{llm['switch'].get('model', 'a second model')}: the first request loads it "
+            f"({llm['switch']['first_s']:.2f} s), the next takes "
             f"{llm['switch']['again_s']:.3f} s (no reload)."]
 
 
