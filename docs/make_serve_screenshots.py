@@ -5,8 +5,8 @@
 
 Needs ``make browser-deps`` (chromium, chromedriver, fonts-noto-cjk). Writes docs/img/serve-*.png:
 the page with one head ablated, a long text zoomed in, a Chinese text on the English encoder
-(the notice), the page at 420 px, and with a causal model as the last ``--model`` a generation
-(its Chinese prompt when the model reads Chinese).
+(the notice), the page at 420 px, and for each ``--model`` (causal LMs) a chat turn (models
+with a chat template) or a Chinese prompt continued.
 """
 
 from __future__ import annotations
@@ -94,23 +94,28 @@ def main() -> int:
         time.sleep(0.5)
         shot(driver, "narrow")
 
-        if len(models) > 1:  # the last model: a causal LM, generating
-            driver.set_window_size(1300, 1250)
+        driver.set_window_size(1300, 1250)
+        for name in models[1:]:  # each causal LM: a chat turn, or Chinese text continued
             driver.get(server.url + "/")
             wait(driver, "return document.body.dataset.svRuns || null", "1")
             n = runs(driver)
-            Select(driver.find_element(By.ID, "sv-model")).select_by_value(
-                driver.execute_script("return document.querySelector('#sv-model').options["
-                                      "document.querySelector('#sv-model').options.length - 1]"
-                                      ".value"))
+            Select(driver.find_element(By.ID, "sv-model")).select_by_value(name)
             wait(driver, "return document.body.dataset.svRuns", str(n + 1), timeout=900)
             wait(driver, "return document.body.dataset.svScores || null", "1", timeout=900)
-            submit(driver, ZH)
+            chat = driver.execute_script("return !document.getElementById('sv-mode-box')"
+                                         ".hidden")
+            if chat:
+                driver.find_element(By.ID, "sv-mode-chat").click()
+                driver.execute_script("document.getElementById('sv-text').value = "
+                                      "'Why did the animal not cross the street?';")
+            else:
+                submit(driver, ZH)
             n = runs(driver)
+            driver.execute_script("document.getElementById('sv-max-new').value = 24;")
             driver.find_element(By.ID, "sv-generate").click()
             wait(driver, "return document.body.dataset.svRuns", str(n + 1), timeout=900)
             time.sleep(0.5)
-            shot(driver, "generate")
+            shot(driver, ("chat-" if chat else "zh-") + name)
     finally:
         driver.quit()
         server.close()

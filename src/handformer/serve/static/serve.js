@@ -9,6 +9,7 @@
   const DETECTORS = [["previous_token", "previous token", "#0072B2"],
                      ["induction", "induction", "#E69F00"],
                      ["first_token", "first token", "#009E73"]];
+  const STRONG = 0.4;  // a detector score that outlines the head in the grid
   let ablatedHeads = new Set();  // "layer,head"
   let info = null, model = null, lastRun = null, lastIds = null, seq = 0, scores = null;
   let generation = null;  // {controller} while a generation streams
@@ -288,7 +289,8 @@
         info.kv_heads + " key/value heads (" + info.heads / info.kv_heads + " each; shaded groups)."));
     }
     if (scores) {
-      box.appendChild(el("span", null, "Bars: detector scores on a probe of " + scores.probe.description + ":"));
+      box.appendChild(el("span", null, "Bars: detector scores on a probe of " + scores.probe.description +
+        "; a head scoring " + STRONG + " or more is outlined in that colour:"));
       DETECTORS.forEach(function (d) {
         const s = el("span");
         const sw = el("span", "sw");
@@ -311,14 +313,23 @@
       if (info.kv_heads && info.kv_heads < info.heads) lines.push("key/value head " + kvGroup(h));
       const bars = b.querySelector(".bars");
       bars.textContent = "";
+      b.style.borderColor = "";
+      b.classList.remove("strong");
       if (scores) {
+        let best = null;
         DETECTORS.forEach(function (d) {
           const v = scores[d[0]][l][h], i = el("i");
           i.style.height = Math.max(1, Math.round(12 * Math.min(1, v))) + "px";
           i.style.background = d[2];
           bars.appendChild(i);
           lines.push(d[1] + ": " + v.toFixed(2));
+          if (v >= STRONG && (!best || v > best[0])) best = [v, d];
         });
+        if (best && !off) {  // outlined in its detector's colour: a head worth a click
+          b.classList.add("strong");
+          b.style.borderColor = best[1][2];
+          lines.push("a strong " + best[1][1] + " head");
+        }
       }
       b.title = lines.join("\n");
       b.setAttribute("aria-label", lines.join(", "));
