@@ -173,6 +173,7 @@ def main() -> int:
     from handformer.serve.wire import read_binary
 
     warnings.simplefilter("ignore")  # the 512-token text is truncated on purpose
+    load_start = os.getloadavg()[0]
     model, tokenizer = load_bert()
     long_text = " ".join([SEED + "."] * 50)
     proc, url = start_server()
@@ -311,11 +312,14 @@ def main() -> int:
         "`?weights=binary` sends the weights as raw bytes after a JSON header (the client gets "
         "the JSON as a dict and the weights as a uint8 array without a copy); the default "
         "JSON answer carries them as base64 (a third larger, encoded and parsed). Other "
-        "processes may share the CPU while this runs; see the individual runs in the JSON file.",
+        "processes may share the CPU while this runs (load average "
+        f"{load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, on "
+        f"{os.cpu_count()} CPUs); see the individual runs in the JSON file.",
         "",
     ])
     write_results("serve", {"machine": machine(), "run_15": short, "requests_per_s": rps,
-                            "run_512": long, "run_512_llm": llm}, markdown)
+                            "run_512": long, "run_512_llm": llm,
+                            "load_average": [load_start, os.getloadavg()[0]]}, markdown)
     return 0
 
 
