@@ -28,15 +28,18 @@ test-deps: $(VENV)/.test-installed
 demo: $(VENV)/.installed
 	$(VENV)/bin/handformer viz "The animal didn't cross the street because it was too tired"
 
-# Headless Chromium + chromedriver for tests/test_viewer_browser.py (Debian packages).
+# Headless Chromium + chromedriver for the browser tests (Debian packages), and a CJK font
+# for the page's Chinese tokens in them (the browser draws with the system's fonts).
 browser-deps:
-	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then \
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 \
+	    && fc-list 2>/dev/null | grep -qi "Noto Sans CJK"; then \
 	  :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver; \
+	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium \
+	    chromium-driver fonts-noto-cjk; \
 	else \
-	  echo "warning: the browser test needs chromium and chromedriver:" \
-	       "sudo apt-get install -y chromium chromium-driver" >&2; \
+	  echo "warning: the browser tests need chromium, chromedriver and a CJK font:" \
+	       "sudo apt-get install -y chromium chromium-driver fonts-noto-cjk" >&2; \
 	fi
 
 test: $(VENV)/.test-installed browser-deps

@@ -426,7 +426,23 @@ def section_serve(data: dict) -> list[str]:
                f"raw bytes after a JSON header); the default JSON answer (weights as base64) "
                f"takes {long['json_http_s']:.2f} s, {long['json_ratio']:.2f}x."
                if long.get("format") == "binary" else "."),
+            *_serve_llm(data.get("run_512_llm"), met),
             "", reproduce("bench_serve.py"), ""]
+
+
+def _serve_llm(llm: dict | None, met: dict) -> list[str]:
+    """The LLM line of the serve section (absent in results recorded before it existed)."""
+    if not llm:
+        return []
+    if "skipped" in llm:
+        return [f"- A language model: skipped ({llm['skipped']})."]
+    return [f"- {llm['model']} ({llm['layers']} layers x {llm['heads']} heads), 512 tokens: "
+            f"{llm['http_s']:.2f} s against {llm['direct_s']:.2f} s for the direct forward "
+            f"with weights plus the viewer's export, {llm['ratio']:.2f}x (target <= 1.5x, "
+            f"{met[llm['within_target']]}). Switching the page to "
+            f"{llm['switch'].get('model', 'a second model')}: the first request loads it "
+            f"({llm['switch']['first_s']:.2f} s), the next takes "
+            f"{llm['switch']['again_s']:.3f} s (no reload)."]
 
 
 def section_inspect(data: dict) -> list[str]:

@@ -193,6 +193,29 @@ def namespace(tmp: Path) -> dict[str, object]:
 
         return damaged_gguf(tmp / "gguf", kind)
 
+    def registry() -> object:
+        """A serve ModelRegistry of three models: "tiny" (loaded), "other", "broken"."""
+        from types import SimpleNamespace
+
+        from handformer.serve.registry import ModelRegistry
+
+        def loader(source: object, *, device: str) -> object:
+            if source == "broken":
+                raise FileNotFoundError("broken: no config.json")
+            return SimpleNamespace(name=source)
+
+        return ModelRegistry(["tiny", "other", "broken"], loader=loader)
+
+    def chat_state(template: bool = True) -> object:
+        """A stand-in for a served causal LM whose tokenizer has a chat template (or not)."""
+        from types import SimpleNamespace
+
+        tok = SimpleNamespace(chat_template="{{ messages }}" if template else None,
+                              apply_chat_template=lambda m, **_: str(m),
+                              decode=lambda ids: " ".join(map(str, ids)))
+        model = SimpleNamespace(config=SimpleNamespace(vocab_size=23))
+        return SimpleNamespace(causal=True, name="tiny-chat", tokenizer=tok, model=model)
+
     existing_run = tmp / "existing-run"
     existing_run.mkdir()
     (existing_run / "train.json").write_text("{}")
@@ -205,13 +228,14 @@ def namespace(tmp: Path) -> dict[str, object]:
             "render_chat_template": render_chat_template, "CharVocab": CharVocab,
             "fam": fam, "folder_of": folder_of,
             "bad_gguf": bad_gguf, "read_gguf": read_gguf,
-            "gguf_to_hf": gguf_to_hf, "shipped_path": shipped_path}
+            "gguf_to_hf": gguf_to_hf, "shipped_path": shipped_path,
+            "registry": registry, "chat_state": chat_state}
 
 
 EXCEPTIONS = {"ValueError": ValueError, "TypeError": TypeError,
               "CheckpointError": CheckpointError, "FileNotFoundError": FileNotFoundError,
               "UserWarning": UserWarning, "exit": CLIExit, "KeyError": KeyError,
-              "HookError": inspect.HookError}
+              "HookError": inspect.HookError, "RuntimeError": RuntimeError}
 
 
 def run_row(row: dict[str, str], ns: dict[str, object]) -> BaseException | Warning:

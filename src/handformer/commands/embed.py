@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
-from handformer.commands.common import UsageError, add_device_argument, resolve_device
+from handformer.commands.common import UsageError, add_device_argument, note, resolve_device
 
 NAME = "embed"
 HELP = ("Embed sentences with a BERT-family model (default: bundled all-MiniLM-L6-v2) and "
@@ -54,6 +55,14 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     model, tokenizer = load_bert(args.model)
     model.to(device)
+    from handformer.pretrained.token_labels import ENCODER_ADVICE, texts_unknown_notice
+
+    name = ("all-MiniLM-L6-v2" if args.model is None
+            else Path(args.model).resolve().name or args.model)
+    unknown = texts_unknown_notice(tokenizer, args.sentences, model=name, what="the sentences",
+                                   advice=ENCODER_ADVICE)
+    if unknown:
+        note(unknown)
     vectors = embed(args.sentences, model=model, tokenizer=tokenizer,
                     batch_size=args.batch_size).cpu()  # (N, E)
     if args.json:

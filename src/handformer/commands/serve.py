@@ -33,10 +33,13 @@ GRACE_S = 0.5  # seconds open connections get at shutdown
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", metavar="MODEL", default=None,
+    parser.add_argument("--model", metavar="MODEL", action="append", default=None,
                         help="BERT-family folder (default: the bundled all-MiniLM-L6-v2), or a "
                              "causal LM (adds generation): a GPT-2 / Llama / Mistral / Qwen / "
-                             "Gemma / handformer train folder, a .gguf file or a shipped name")
+                             "Gemma / handformer train folder, a .gguf file or a shipped name; "
+                             "give it several times to offer several models (the first is "
+                             "loaded at start, the others when the page picks them; "
+                             "all-MiniLM-L6-v2 names the bundled encoder)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1, this machine only)")
     parser.add_argument("--port", type=int, default=8000,
@@ -79,7 +82,10 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise UsageError(str(exc)) from None
     device = str(resolve_device(args.device))
-    is_causal_model(args.model, "serve")  # another model_type: one line naming what is read
+    from handformer.serve.registry import BUNDLED
+
+    for model in args.model or [None]:  # another model_type: one line naming what is read
+        is_causal_model(None if model in ("", BUNDLED) else model, "serve")
     loopback = args.host in LOOPBACK
     if not loopback:
         sys.stderr.write(f"warning: --host {args.host} lets other machines reach this server "
@@ -88,14 +94,21 @@ def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from handformer.serve import ModelState, create_app
+        from handformer.serve import create_app
+        from handformer.serve.registry import ModelRegistry
 
         port = sock.getsockname()[1]
-        state = ModelState(args.model, device=device)
+        try:
+            registry = ModelRegistry(args.model or [None], device=device)
+        except ValueError as exc:
+            if "give each model only once" not in str(exc):
+                raise
+            raise UsageError(f"--model: {exc}") from None
+        state = registry.first
         hosts = None
         if loopback:
             hosts = {f"{h}:{port}" for h in ("127.0.0.1", "localhost", "[::1]")}
-        app = create_app(state, allowed_hosts=hosts)
+        app = create_app(registry, allowed_hosts=hosts)
         config = uvicorn.Config(app, log_level="warning", lifespan="off",
                                 timeout_graceful_shutdown=GRACE_S, access_log=False)
         server = _server_class(uvicorn)(config)
@@ -105,6 +118,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"handformer serve: {state.name} ({'causal LM' if state.causal else 'encoder'}, "
               f"{state.num_layers} layers x {state.num_heads} heads) at "
               f"http://{shown}:{port}/  (Ctrl+C stops it)", flush=True)
+        if len(registry.names()) > 1:
+            print(f"handformer serve: models {', '.join(registry.names())} (loaded when "
+                  "picked on the page)", flush=True)
         try:
             server.run(sockets=[sock])
         finally:

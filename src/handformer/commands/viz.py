@@ -129,17 +129,6 @@ def _check_index(name: str, value: int | None, count: int, unit: str) -> None:
                          f"valid values are 0..{count - 1}")
 
 
-def _word_index(text: str, offsets: list[tuple[int, int]]) -> list[int]:
-    """Per token, the index of the whitespace-separated word its characters start in."""
-    word_at, word, inside = [], -1, False
-    for ch in text:
-        if not ch.isspace() and not inside:
-            word += 1
-        inside = not ch.isspace()
-        word_at.append(max(word, 0))
-    return [word_at[start] if start < len(word_at) else word + 1 for start, _ in offsets]
-
-
 @dataclass
 class _Run:
     """What the drawing needs from a model run on the text."""
@@ -152,6 +141,7 @@ class _Run:
     pattern_label: str
     special: list[int] | None  # 1 for special tokens ([CLS], ...)
     words: list[int] | None  # word index per token
+    unknown: list[bool]  # the model's unknown token ([UNK]) per position
 
 
 def _causal_folder(model: str | None) -> bool:
@@ -171,6 +161,7 @@ def _run_bert(args: argparse.Namespace, text: str, device: object) -> _Run:
     import torch
 
     from handformer.pretrained import load_bert
+    from handformer.viz.head_choice import word_index
 
     kind, kind_text = _kind(args)  # validates --window-size / --stride (ValueError -> exit 2)
     model, tokenizer = load_bert(args.model, attention=kind)
@@ -196,12 +187,15 @@ def _run_bert(args: argparse.Namespace, text: str, device: object) -> _Run:
             else Path(args.model).resolve().name or str(args.model))
     return _Run(name, kind_text, tokens, [a.float().cpu() for a in result.attentions], pattern,
                 pattern_label, encodings[0].special_tokens_mask,
-                _word_index(text, encodings[0].offsets))
+                word_index(text, encodings[0].offsets), _unknown(tokenizer, encodings[0].ids))
 
 
-def _visible(token: str) -> str:
-    """Spaces and line breaks inside a token made visible (GPT-2 pieces start with one)."""
-    return token.replace(" ", "\u2423").replace("\n", "\u21b5").replace("\t", "\u21e5")
+def _unknown(tokenizer: object, ids: list[int]) -> list[bool]:
+    """Per token, whether it is the tokenizer's unknown token."""
+    from handformer.pretrained.token_labels import unk_token_id
+
+    unk = unk_token_id(tokenizer)
+    return [unk is not None and int(i) == unk for i in ids]
 
 
 def _run_causal(args: argparse.Namespace, text: str, device: object) -> _Run:
@@ -237,10 +231,12 @@ def _run_causal(args: argparse.Namespace, text: str, device: object) -> _Run:
         local = sum(t == "local" for t in types)
         kind_text = (f"causal attention; {local} of {len(types)} layers see the last "
                      f"{(c.window_size + 1) // 2} tokens (pattern: layer 0)")
-    return _Run(Path(args.model).resolve().name, kind_text,
-                [_visible(tokenizer.decode([i])) for i in ids],
+    from handformer.pretrained.token_labels import label_words, token_labels
+
+    labels = token_labels(tokenizer, ids)
+    return _Run(Path(args.model).resolve().name, kind_text, labels,
                 [a.float().cpu() for a in result.attentions], kind.pattern(L, L, causal=True),
-                kind_text.capitalize(), None, None)
+                kind_text.capitalize(), None, label_words(labels), _unknown(tokenizer, ids))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -258,23 +254,24 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     out = _check_out(args.out)
 
+    from handformer.pretrained.token_labels import unknown_notice
     from handformer.viz import plot_attention, plot_heads, save_figure, save_html, summarize
+    from handformer.viz.head_choice import choose_head
     from handformer.viz.heatmap import MissingGlyphWarning
 
     r = _run_causal(args, text, device) if causal else _run_bert(args, text, device)
     tokens, attentions = r.tokens, r.attentions
     N, H, L = len(attentions), attentions[0].shape[1], len(tokens)
+    ordinary = L - (sum(r.special) if r.special is not None else 0)
+    unknown = unknown_notice(sum(r.unknown), ordinary, model=r.name, what="TEXT")
+    if unknown:
+        note(unknown)
 
     # Links worth showing: between two words at least two words apart (not within "didn't",
-    # not to the neighbour), special tokens left out.
+    # not to the neighbour), special and unknown tokens left out (relaxed when none remain).
     summaries = summarize(attentions, tokens, special=r.special, words=r.words, min_distance=2)
-    layer, head = args.layer, args.head
-    if layer is None or head is None:
-        best = max((s for s in summaries if s.link is not None and
-                    (layer is None or s.layer == layer)),
-                   key=lambda s: s.link[3], default=None)
-        layer = (best.layer if best else N - 1) if layer is None else layer
-        head = (best.link[0] if best else 0) if head is None else head
+    layer, head = choose_head(attentions, tokens, special=r.special, words=r.words,
+                              unknown=r.unknown, layer=args.layer, head=args.head)
 
     short = " ".join(text.split())
     short = short if len(short) <= 60 else short[:57] + "..."

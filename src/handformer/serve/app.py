@@ -3,13 +3,19 @@
 Routes::
 
     GET  /                 the page (viewer + controls)
-    GET  /static/NAME      serve.js, serve.css (a fixed list; no path is read from a request)
-    GET  /api/model        what is loaded
+    GET  /static/NAME      serve.js (a fixed list; no path is read from a request)
+    GET  /api/model        one model (``?model=NAME``, default the first): sizes, kinds
+    GET  /api/models       the models served (``--model`` given several times), loaded or not
+    GET  /api/heads        detector scores of every head (``?model=NAME``), once per model
     POST /api/run          attention (viewer data) + similarity / next token
     POST /api/ablate       effect of ablating heads
     POST /api/rollout      attention rollout (viewer data)
     POST /api/attribution  causal models: the next token's logit by component and by head
-    POST /api/generate     causal models: JSON lines, one per new token
+    POST /api/generate     causal models: JSON lines, one per new token (one at a time per
+                           client address: a second gets 429)
+
+Every POST body may name ``"model"``; a model is loaded when first named (a failed load is a
+503 naming the model and the cause; the server keeps serving the others).
 
 ``/api/run`` and ``/api/rollout`` take ``?weights=binary`` to receive the viewer's 8-bit
 weights as raw bytes after a JSON header (:mod:`handformer.serve.wire`) instead of base64
@@ -28,6 +34,7 @@ from handformer.serve import compute
 from handformer.serve.attribution import attribution
 from handformer.serve.generation import Generation
 from handformer.serve.page import build_page, example_text, static_files
+from handformer.serve.registry import ModelLoadError, ModelRegistry
 from handformer.serve.state import ModelState
 from handformer.serve.validation import (
     MAX_BODY,
@@ -122,11 +129,13 @@ async def _read_body(request: object) -> bytes:
     return b"".join(chunks)
 
 
-def create_app(state: ModelState, *, allowed_hosts: set[str] | None = None) -> object:
-    """The Starlette app serving ``state``'s model.
+def create_app(state: ModelState | ModelRegistry, *, allowed_hosts: set[str] | None = None
+               ) -> object:
+    """The Starlette app serving ``state``'s model (or a registry's models).
 
     Args:
-        state: the loaded model.
+        state: the loaded model, or a :class:`~handformer.serve.registry.ModelRegistry`
+            (several models, loaded when first asked for).
         allowed_hosts: accepted Host headers (e.g. ``{"127.0.0.1:8000", "localhost:8000"}``);
             None accepts any.
 
@@ -145,10 +154,21 @@ def create_app(state: ModelState, *, allowed_hosts: set[str] | None = None) -> o
 
     # Long texts are cut with a notice in the response; the tokenizer's warning is not needed.
     warnings.filterwarnings("ignore", message=r".*were truncated to", category=UserWarning)
+    registry = state if isinstance(state, ModelRegistry) else ModelRegistry.single(state)
+    state = registry.first
     example = example_text(state)
     page, csp = build_page(state, example)
     static = static_files()
-    info = state.info() | {"example": example, "weight_formats": list(WEIGHT_FORMATS)}
+    infos: dict[str, dict[str, object]] = {}
+
+    def info_of(model: ModelState) -> dict[str, object]:
+        if model.name not in infos:
+            infos[model.name] = model.info() | {
+                "example": example_text(model), "weight_formats": list(WEIGHT_FORMATS),
+                "models": registry.names()}
+        return infos[model.name]
+
+    generating: set[str] = set()  # client addresses with a generation running
     # Model work runs in worker threads, at most COMPUTE_SLOTS at a time: torch already
     # spreads one forward over the cores, and more at once only makes them fight for them.
     slots = anyio.CapacityLimiter(COMPUTE_SLOTS)
@@ -170,8 +190,27 @@ def create_app(state: ModelState, *, allowed_hosts: set[str] | None = None) -> o
         return Response(found[0], media_type=found[1],
                         headers={"cache-control": "no-cache"})
 
+    def model_param(request: object) -> str:
+        query = request.query_params.multi_items()
+        for name, _ in query:
+            if name != "model":
+                raise RequestError(name[:40] or "(empty)", "unknown query parameter; the only "
+                                                           "one is model")
+        return registry.check_name(dict(query).get("model"))
+
     async def model_info(request: object) -> Response:
-        return JSONResponse(info)
+        name = model_param(request)
+        return JSONResponse(info_of(await in_thread(registry.get, name)))
+
+    async def models(request: object) -> Response:
+        return JSONResponse({"default": registry.default, "models": registry.status()})
+
+    async def heads(request: object) -> Response:
+        from handformer.serve.detectors import head_scores
+
+        name = model_param(request)
+        model = await in_thread(registry.get, name)
+        return JSONResponse({"model": model.name} | await in_thread(head_scores, model))
 
     class TwoPartResponse(Response):
         """A body sent as two chunks (the binary answer's header, then the weights as they
@@ -192,32 +231,57 @@ def create_app(state: ModelState, *, allowed_hosts: set[str] | None = None) -> o
         async def handle(request: object) -> Response:
             fmt = parse_weights_format(request.query_params.multi_items(), path,
                                        accepts_weights=weights)
-            req = parse_run(parse_json(await _read_body(request)), state)
+            body = parse_json(await _read_body(request))
+            name = registry.check_name(body.get("model"))
+
+            def answer(binary: bool) -> object:
+                model = registry.get(name)
+                result = compute_fn(model, parse_run(body, model), **(
+                    {"binary": True} if binary else {}))
+                return binary_body(result) if binary else json_body(result)
+
             if fmt == "binary":
-                head, tail = await in_thread(
-                    lambda: binary_body(compute_fn(state, req, binary=True)))
+                head, tail = await in_thread(answer, True)
                 return TwoPartResponse(head, tail)
-            body = await in_thread(lambda: json_body(compute_fn(state, req)))
-            return Response(body, media_type="application/json")
+            return Response(await in_thread(answer, False), media_type="application/json")
         return handle
 
     async def generate(request: object) -> Response:
         parse_weights_format(request.query_params.multi_items(), "/api/generate",
                              accepts_weights=False)
-        req = parse_generate(parse_json(await _read_body(request)), state)
-        gen = await in_thread(Generation, state, req)
+        body = parse_json(await _read_body(request))
+        name = registry.check_name(body.get("model"))
+        client = request.client.host if request.client else "?"
+        if client in generating:
+            return error(429, "a generation is already running for this client; stop it (or "
+                              "let it finish) before starting another")
+
+        def begin() -> Generation:
+            model = registry.get(name)
+            return Generation(model, parse_generate(body, model))
+
+        generating.add(client)
+        try:
+            gen = await in_thread(begin)
+        except BaseException:
+            generating.discard(client)
+            raise
 
         async def lines():
-            yield json.dumps(gen.start()) + "\n"
-            while True:
-                try:
-                    event = await in_thread(gen.step)
-                except Exception as exc:  # the status line is sent already: report in-band
-                    yield json.dumps({"event": "error", "error": " ".join(str(exc).split())})
-                    return
-                yield json.dumps(event) + "\n"
-                if event["event"] == "end":
-                    return
+            try:
+                yield json.dumps(gen.start()) + "\n"
+                while True:
+                    try:
+                        event = await in_thread(gen.step)
+                    except Exception as exc:  # the status line is sent: report in-band
+                        yield json.dumps({"event": "error",
+                                          "error": " ".join(str(exc).split())})
+                        return
+                    yield json.dumps(event) + "\n"
+                    if event["event"] == "end":
+                        return
+            finally:  # also when the client stops reading (the page's Stop button)
+                generating.discard(client)
 
         return StreamingResponse(lines(), media_type="application/x-ndjson",
                                  headers={"cache-control": "no-cache"})
@@ -227,6 +291,9 @@ def create_app(state: ModelState, *, allowed_hosts: set[str] | None = None) -> o
 
     async def on_too_large(request: object, exc: BodyTooLarge) -> Response:
         return error(413, str(exc))
+
+    async def on_load_error(request: object, exc: ModelLoadError) -> Response:
+        return error(503, str(exc), "model")
 
     async def on_not_implemented(request: object, exc: NotImplementedError) -> Response:
         return error(501, str(exc))
@@ -241,6 +308,8 @@ def create_app(state: ModelState, *, allowed_hosts: set[str] | None = None) -> o
         Route("/", index),
         Route("/static/{name}", static_file),
         Route("/api/model", model_info),
+        Route("/api/models", models),
+        Route("/api/heads", heads),
         Route("/api/run", endpoint("/api/run", compute.run, weights=True), methods=["POST"]),
         Route("/api/ablate", endpoint("/api/ablate", compute.ablate, weights=False),
               methods=["POST"]),
@@ -251,6 +320,6 @@ def create_app(state: ModelState, *, allowed_hosts: set[str] | None = None) -> o
               methods=["POST"]),
     ]
     app = Starlette(routes=routes, exception_handlers={
-        RequestError: on_request_error, BodyTooLarge: on_too_large,
+        RequestError: on_request_error, BodyTooLarge: on_too_large, ModelLoadError: on_load_error,
         NotImplementedError: on_not_implemented, HTTPException: on_http, Exception: on_crash})
     return SecurityMiddleware(app, csp=csp, allowed_hosts=allowed_hosts)

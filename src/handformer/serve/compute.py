@@ -19,17 +19,21 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
+from handformer.pretrained.token_labels import (
+    label_words,
+    token_labels,
+    unk_token_id,
+    unknown_notice,
+    visible,
+)
 from handformer.serve.state import AttentionChoice, ModelState
 from handformer.serve.validation import RequestError, RunRequest
 
-__all__ = ["run", "ablate", "rollout", "encode", "ablated", "Encoded", "visible"]
+__all__ = ["run", "ablate", "rollout", "encode", "ablated", "Encoded", "visible",
+           "first_head", "SERVE_ADVICE", "limit_words", "request_input"]
 
 TOP_K = 5  # next-token candidates shown for causal models
-
-
-def visible(token: str) -> str:
-    """Spaces and line breaks inside a token made visible (GPT-2 pieces start with one)."""
-    return token.replace(" ", "\u2423").replace("\n", "\u21b5").replace("\t", "\u21e5")
+SERVE_ADVICE = "the shipped gemma3-270m does (handformer serve --model gemma3-270m)"
 
 
 @contextlib.contextmanager
@@ -49,18 +53,74 @@ class Encoded:
 
     Attributes:
         batch: the model's keyword inputs, ``(1, L)`` tensors.
-        tokens: one display string per token.
+        tokens: one display label per token
+            (:func:`handformer.pretrained.token_labels.token_labels` for causal models).
         notice: a sentence saying the text was cut to the model's limit, or None.
+        special: per token, True for special tokens (``[CLS]``, ``[SEP]``); None if unknown.
+        unknown: per token, True for the model's unknown token.
+        unknown_notice: the one-line notice when more than a tenth of the tokens are
+            unknown (the model does not read the script), or None.
     """
 
-    def __init__(self, batch: dict[str, Tensor], tokens: list[str], notice: str | None) -> None:
+    def __init__(self, batch: dict[str, Tensor], tokens: list[str], notice: str | None, *,
+                 special: list[bool] | None = None, unknown: list[bool] | None = None,
+                 unknown_notice: str | None = None) -> None:
         self.batch, self.tokens, self.notice = batch, tokens, notice
+        self.special = special
+        self.unknown = unknown if unknown is not None else [False] * len(tokens)
+        self.unknown_notice = unknown_notice
+
+    @property
+    def notices(self) -> list[str]:
+        """The notices about this text (cut to the limit, unknown script), in that order."""
+        return [n for n in (self.notice, self.unknown_notice) if n]
+
+
+def _unknown(state: ModelState, ids: list[int], special: list[bool] | None, field: str
+             ) -> tuple[list[bool], str | None]:
+    unk = unk_token_id(state.tokenizer)
+    flags = [unk is not None and i == unk for i in ids]
+    ordinary = len(ids) - (sum(special) if special else 0)
+    what = "the text" if field == "text" else field
+    return flags, unknown_notice(sum(flags), ordinary, model=state.name, what=what,
+                                 advice=SERVE_ADVICE)
+
+
+def request_input(state: ModelState, req: RunRequest) -> Encoded:
+    """The request's text as model input: its ``ids`` as they are (causal models), else
+    ``text`` tokenized."""
+    if req.ids is None:
+        return encode(state, req.text)
+    return _from_ids(state, list(req.ids), "ids", state.max_tokens)
+
+
+def limit_words(state: ModelState, limit: int) -> str:
+    """The token limit in words: the model's own, or the one this server keeps for a model
+    with this many heads (every head's weights are computed)."""
+    if limit >= getattr(state, "context", limit):
+        return f"the model's limit of {limit}"
+    return (f"the limit of {limit} tokens this page shows for a model of {state.num_layers} x "
+            f"{state.num_heads} heads (its context is {state.context})")
+
+
+def _from_ids(state: ModelState, ids: list[int], field: str, limit: int) -> Encoded:
+    """A causal model's input from token ids, cut to ``limit`` with a notice."""
+    notice = None
+    if len(ids) > limit:
+        notice = (f"{field} has {len(ids)} tokens, more than {limit_words(state, limit)}; "
+                  f"only the first {limit} were used")
+        ids = ids[:limit]
+    tokens = token_labels(state.tokenizer, ids)
+    batch = {"input_ids": torch.tensor([ids], device=state.device)}  # (1, L)
+    unknown, line = _unknown(state, ids, None, field)
+    return Encoded(batch, tokens, notice, unknown=unknown, unknown_notice=line)
 
 
 def encode(state: ModelState, text: str, field: str = "text", *,
-           limit: int | None = None) -> Encoded:
+           limit: int | None = None, chat: bool = False) -> Encoded:
     """Tokenize ``text`` for the model, cut to ``limit`` (default ``state.max_tokens``) with a
-    notice.
+    notice. ``chat``: the text is a chat template's output, which holds its own special
+    tokens (none are added).
 
     Raises:
         RequestError: for text the tokenizer rejects or that gives no tokens.
@@ -68,19 +128,13 @@ def encode(state: ModelState, text: str, field: str = "text", *,
     limit = state.max_tokens if limit is None else limit
     if state.causal:
         try:
-            ids = state.tokenizer.encode(text)
+            ids = (state.tokenizer.encode(text, add_special_tokens=False) if chat
+                   else state.tokenizer.encode(text))
         except ValueError as exc:  # e.g. a character outside a char vocabulary
             raise RequestError(field, " ".join(str(exc).split())) from None
         if not ids:
             raise RequestError(field, "gives no tokens for this model's tokenizer")
-        notice = None
-        if len(ids) > limit:
-            notice = (f"{field} has {len(ids)} tokens, more than the model's limit of {limit}; "
-                      f"only the first {limit} were used")
-            ids = ids[:limit]
-        tokens = [visible(state.tokenizer.decode([i])) for i in ids]
-        batch = {"input_ids": torch.tensor([ids], device=state.device)}  # (1, L)
-        return Encoded(batch, tokens, notice)
+        return _from_ids(state, ids, field, limit)
     tokenizer, notice = state.tokenizer, None
     try:
         encodings = tokenizer.encode_batch([text], max_length=limit, truncation=False)
@@ -93,7 +147,10 @@ def encode(state: ModelState, text: str, field: str = "text", *,
         notice = (f"{field} has {full} tokens, more than the model's {what} of {limit}; only "
                   f"the first {limit} were used")
     batch = {k: v.to(state.device) for k, v in tokenizer.pad(encodings).items()}  # (1, L)
-    return Encoded(batch, list(encodings[0].tokens), notice)
+    special = [bool(s) for s in encodings[0].special_tokens_mask]
+    unknown, line = _unknown(state, list(encodings[0].ids), special, field)
+    return Encoded(batch, list(encodings[0].tokens), notice, special=special, unknown=unknown,
+                   unknown_notice=line)
 
 
 def _pattern(state: ModelState, choice: AttentionChoice, L: int) -> tuple[object, str]:
@@ -122,8 +179,7 @@ def _embedding(state: ModelState, model: nn.Module, text: str, field: str,
                notices: list[str]) -> Tensor:
     """The sentence embedding ``(E,)`` of ``text``, cut to ``state.embed_tokens``."""
     enc = encode(state, text, field, limit=state.embed_tokens)
-    if enc.notice:
-        notices.append(enc.notice)
+    notices += [n for n in enc.notices if n not in notices]
     return _pool(state, model(**enc.batch).last_hidden_state, enc)
 
 
@@ -135,8 +191,10 @@ def _top_tokens(state: ModelState, logits: Tensor) -> list[dict[str, object]]:
     """The most likely next tokens, ``logits`` being ``(V,)``."""
     probs = torch.softmax(logits.double(), dim=-1)  # (V,)
     top = torch.topk(probs, min(TOP_K, probs.numel()))
-    return [{"id": int(i), "token": visible(state.tokenizer.decode([int(i)])),
-             "prob": round(float(p), 6)} for p, i in zip(top.values, top.indices, strict=True)]
+    ids = [int(i) for i in top.indices]
+    return [{"id": i, "token": label, "prob": round(float(p), 6)}
+            for i, label, p in zip(ids, [token_labels(state.tokenizer, [i])[0] for i in ids],
+                                   top.values, strict=True)]
 
 
 def _header(state: ModelState, req: RunRequest) -> dict[str, object]:
@@ -145,17 +203,32 @@ def _header(state: ModelState, req: RunRequest) -> dict[str, object]:
             "attention": req.attention.as_dict(), "heads_ablated": [list(h) for h in req.heads]}
 
 
-def _viewer(state: ModelState, req: RunRequest, attentions: object, tokens: list[str],
+def first_head(attentions: object, enc: Encoded) -> tuple[int, int]:
+    """The head ``handformer viz`` would draw for this text (the page opens on it)."""
+    from handformer.viz.head_choice import choose_head
+
+    words = None if enc.special is not None else label_words(enc.tokens)  # causal models
+    return choose_head([a.float().cpu() for a in attentions], enc.tokens, special=enc.special,
+                       words=words, unknown=enc.unknown)
+
+
+def _viewer(state: ModelState, req: RunRequest, attentions: object, enc: Encoded,
             binary: bool) -> dict[str, object]:
+    """The viewer data; it opens on :func:`first_head` when the request asks for it
+    (``choose_head``: the page's first answer for a model), else on the last layer."""
     from handformer.viz.html import viewer_payload
 
+    tokens = enc.tokens
     pattern, label = _pattern(state, req.attention, len(tokens))
     note = f"{state.name} \u00b7 {req.attention.describe()}"
     if req.heads:
         note += f" \u00b7 {len(req.heads)} head{'s' * (len(req.heads) != 1)} ablated"
-    return viewer_payload(attentions, tokens, pattern=pattern, pattern_label=label,
-                          note=note, layer=state.num_layers - 1, binary=binary,
-                          compress=False)  # a local connection: raw is faster than deflate
+    layer, head = first_head(attentions, enc) if req.choose_head else (state.num_layers - 1, 0)
+    payload = viewer_payload(attentions, tokens, pattern=pattern, pattern_label=label,
+                             note=note, layer=layer, head=head, binary=binary,
+                             compress=False)  # a local connection: raw is faster than deflate
+    payload["ablated"] = [list(h) for h in req.heads]
+    return payload
 
 
 def run(state: ModelState, req: RunRequest, *, binary: bool = False) -> dict[str, object]:
@@ -177,8 +250,8 @@ def run(state: ModelState, req: RunRequest, *, binary: bool = False) -> dict[str
         RequestError: for text the tokenizer rejects.
     """
     model = state.variant(req.attention)
-    enc = encode(state, req.text)
-    notices = [enc.notice] if enc.notice else []
+    enc = request_input(state, req)
+    notices = enc.notices
     result = _header(state, req) | {"tokens": enc.tokens}
     with torch.inference_mode(), ablated(model, req.heads):
         out = model(**enc.batch, need_weights=True)
@@ -195,7 +268,7 @@ def run(state: ModelState, req: RunRequest, *, binary: bool = False) -> dict[str
                 other = _embedding(state, model, req.text_pair, "text_pair", notices)
                 result["similarity"] = _cosine(emb, other)
     result["notices"] = notices
-    result["viewer"] = _viewer(state, req, attentions, enc.tokens, binary)
+    result["viewer"] = _viewer(state, req, attentions, enc, binary)
     return result
 
 
@@ -211,8 +284,8 @@ def ablate(state: ModelState, req: RunRequest) -> dict[str, object]:
     result = _header(state, req)
     with torch.inference_mode():
         if state.causal:
-            enc = encode(state, req.text)
-            notices += [enc.notice] if enc.notice else []
+            enc = request_input(state, req)
+            notices += enc.notices
             clean = model(**enc.batch).logits[0, -1]  # (V,)
             with ablated(model, req.heads):
                 dirty = model(**enc.batch).logits[0, -1]
@@ -260,15 +333,14 @@ def rollout(state: ModelState, req: RunRequest, *, binary: bool = False
     from handformer.viz.html import viewer_payload
 
     model = state.variant(req.attention)
-    enc = encode(state, req.text)
+    enc = request_input(state, req)
     with torch.inference_mode(), ablated(model, req.heads):
         attentions = model(**enc.batch, need_weights=True).attentions
     rolled = [attention_rollout(attentions, layers=range(layer + 1))[0]  # (L, L) each
               for layer in range(len(attentions))]
     stack = [r.float()[None, None] for r in rolled]  # N x (1, 1, L, L): one "head" per layer
     note = f"{state.name} \u00b7 {req.attention.describe()} \u00b7 attention rollout"
-    result = _header(state, req) | {"tokens": enc.tokens,
-                                    "notices": [enc.notice] if enc.notice else []}
+    result = _header(state, req) | {"tokens": enc.tokens, "notices": enc.notices}
     result["viewer"] = viewer_payload(stack, enc.tokens, note=note,
                                       layer=state.num_layers - 1, compress=False,
                                       binary=binary)

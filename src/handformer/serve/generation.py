@@ -17,13 +17,15 @@ import torch
 from torch import Tensor
 
 from handformer.models.generation import filter_logits
-from handformer.serve.compute import ablated, encode, visible
+from handformer.pretrained.token_labels import TextStream, token_labels
+from handformer.serve.compute import ablated, encode, limit_words
 from handformer.serve.state import ModelState
 from handformer.serve.validation import GenerateRequest
 
 __all__ = ["Generation"]
 
 DIGITS = 4  # decimals of the attention weights sent per token
+RELABEL = 8  # generated tokens relabelled each step (a character spans at most 4 bytes)
 
 
 class Generation:
@@ -41,7 +43,7 @@ class Generation:
     def __init__(self, state: ModelState, req: GenerateRequest) -> None:
         self.state, self.req = state, req
         self.model = state.variant(req.attention)
-        self.enc = encode(state, req.text)
+        self.enc = encode(state, req.text, chat=req.chat)
         ids = self.enc.batch["input_ids"]  # (1, L)
         self.room = state.max_tokens - ids.shape[1]
         self.budget = min(req.max_new_tokens, self.room)
@@ -51,27 +53,35 @@ class Generation:
         self.cache = self.model.new_cache() if req.attention.kind in ("full", "strided") else None
         self.pending: Tensor = ids  # what the next forward reads, (1, T)
         self.ids: list[int] = []
+        self.labels: list[str] = []  # the label sent for each generated token
+        self.stream = TextStream(state.tokenizer, skip=() if self.eos is None else (self.eos,))
         self.done = False
 
     def start(self) -> dict[str, object]:
         """The first event: who answers, the prompt's tokens, any notice."""
-        notices = [self.enc.notice] if self.enc.notice else []
+        notices = self.enc.notices
         if self.budget < self.req.max_new_tokens:
             notices.append(f"max_new_tokens cut to {self.budget}: the prompt leaves room for "
-                           f"{self.room} tokens in the model's context of "
-                           f"{self.state.max_tokens}")
+                           f"{self.room} tokens within "
+                           f"{limit_words(self.state, self.state.max_tokens)}")
         if self.budget <= 0:
             self.done = True
         return {"event": "start", "model": self.state.name, "model_type": "causal-lm",
                 "attention": self.req.attention.as_dict(),
                 "heads_ablated": [list(h) for h in self.req.heads],
+                "prompt": self.req.text, "chat": self.req.chat,
+                "prompt_ids": self.enc.batch["input_ids"][0].tolist(),
                 "prompt_tokens": self.enc.tokens, "notices": notices}
 
     def step(self) -> dict[str, object]:
         """The next token (``event: "token"``), or ``event: "end"`` when finished.
 
-        A token event holds ``attention``: per layer, per head, the weights of the query that
-        chose the token over every earlier token (``N x H x L``), and ``top`` candidates.
+        A token event holds ``token`` (its label: a piece of a character is labelled with the
+        whole character once it is complete, ``"动·1/2"``), ``text`` (the text completed by this
+        token: empty while a character is still incomplete, never half of one), ``relabel``
+        (``{index: label}`` for earlier generated tokens whose label changed now that their
+        character is complete), and ``attention``: per layer, per head, the weights of the
+        query that chose the token over every earlier token (``N x H x L``).
         """
         if self.done:
             cut = self.budget < self.req.max_new_tokens
@@ -96,9 +106,18 @@ class Generation:
         finished = token == self.eos or len(self.ids) >= self.budget
         if finished:
             self.done = True
+        first = max(0, len(self.ids) - RELABEL)
+        window = token_labels(self.state.tokenizer, self.ids[first:])
+        relabel = {}
+        for index, label in enumerate(window[:-1], start=first):
+            if self.labels[index] != label:
+                self.labels[index] = relabel[str(index)] = label
+        self.labels.append(window[-1])
+        text = self.stream.push(token)
+        if finished:
+            text += self.stream.finish()
         return {"event": "token", "index": len(self.ids) - 1, "id": token,
-                "token": visible(self.state.tokenizer.decode([token])),
-                "text": self.state.tokenizer.decode([token]),
+                "token": window[-1], "text": text, "relabel": relabel,
                 "prob": round(float(torch.softmax(logits.double(), -1)[token]), 6),
                 "eos": token == self.eos,
                 "attention": rows.tolist()}
@@ -107,4 +126,5 @@ class Generation:
         if self.ids and self.ids[-1] == self.eos:
             reason = "eos"
         return {"event": "end", "reason": reason, "generated": len(self.ids),
-                "text": self.state.tokenizer.decode([i for i in self.ids if i != self.eos])}
+                "text": self.state.tokenizer.decode([i for i in self.ids if i != self.eos])
+                .replace("\ufffd", "<?>")}

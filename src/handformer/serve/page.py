@@ -21,8 +21,7 @@ __all__ = ["build_page", "STATIC_FILES", "static_files"]
 
 EXAMPLE = "The animal didn't cross the street because it was too tired"
 # The files served under /static/: name -> content type. Nothing else is ever read.
-STATIC_FILES = {"serve.js": "text/javascript; charset=utf-8",
-                "serve.css": "text/css; charset=utf-8"}
+STATIC_FILES = {"serve.js": "text/javascript; charset=utf-8"}
 
 _INLINE = re.compile(r"<(script|style)>(.*?)</\1>", re.DOTALL)
 
@@ -58,19 +57,25 @@ def _insert(page: str, marker: str, text: str, *, before: bool) -> str:
 def build_page(state: ModelState, example: str) -> tuple[str, str]:
     """The page and its Content-Security-Policy header value.
 
+    The page's one stylesheet is the viewer's ``viewer.css`` (inlined, with the controls'
+    rules in it); ``serve.js`` adds the controls' behaviour.
+
+    Args:
+        state: the model the page opens on.
+        example: the text of its first run.
+
     Returns:
         ``(html, csp)``.
     """
     from handformer.viz.html import viewer_page
 
-    result = compute.run(state, RunRequest(example, None, state.default_attention, ()))
+    result = compute.run(state, RunRequest(example, None, state.default_attention, (),
+                                           choose_head=True))
     page = viewer_page(result["viewer"], title=f"handformer serve: {state.name}")
     hashes = {"script": [], "style": []}
     for kind, body in _INLINE.findall(page):
         digest = base64.b64encode(hashlib.sha256(body.encode("utf-8")).digest()).decode()
         hashes[kind].append(f"'sha256-{digest}'")
-    page = _insert(page, "</head>", '<link rel="stylesheet" href="/static/serve.css">\n',
-                   before=True)
     page = _insert(page, "</header>", "\n" + _asset("panel.html"), before=False)
     page = _insert(page, "</body>", '<script src="/static/serve.js"></script>\n', before=True)
     csp = "; ".join([

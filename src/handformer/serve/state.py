@@ -10,6 +10,7 @@ kinds run on different module trees at the same time; memory grows by a few kilo
 from __future__ import annotations
 
 import copy
+import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -24,6 +25,16 @@ __all__ = ["AttentionChoice", "ModelState", "KINDS"]
 
 KINDS = ("full", "local", "strided", "linear")
 MAX_VARIANTS = 16  # models kept for distinct (kind, window, stride, global tokens) settings
+# Attention weights one request may compute (layers x heads x tokens^2): a 32k-context LLM
+# is served on as many tokens as keep that within about 320 MB of float32 weights
+# (SmolLM2-135M, 30 x 9 heads: 544 tokens; Gemma 3 270M, 18 x 4: 1054; MiniLM: its 512).
+VIEW_BUDGET = 80_000_000
+
+
+def view_limit(num_layers: int, num_heads: int) -> int:
+    """The most tokens a request may use so that every head's weights fit
+    :data:`VIEW_BUDGET`."""
+    return max(16, math.isqrt(VIEW_BUDGET // max(1, num_layers * num_heads)))
 
 
 @dataclass(frozen=True)
@@ -100,14 +111,15 @@ def _layers(model: nn.Module) -> list[nn.Module]:
     return list(model.layers)  # CausalLM (GPT-2 folders and handformer train runs)
 
 
-def _is_causal_folder(folder: Path) -> bool:
-    """A causal LM: a folder ``load_lm`` reads, a ``.gguf`` file or a shipped name."""
+def _is_causal_folder(folder: str | Path) -> bool:
+    """A causal LM: a folder ``load_lm`` reads, a ``.gguf`` file or a shipped name (a string:
+    a shipped name is not a path)."""
     from handformer.pretrained.lm import is_causal_source
 
     return is_causal_source(folder)
 
 
-def _load_causal(path: Path, device: torch.device) -> tuple[nn.Module, object]:
+def _load_causal(source: str | Path, device: torch.device) -> tuple[nn.Module, object]:
     """``load_lm``'s model and tokenizer (a ``handformer train`` run's character vocabulary
     where it has no other)."""
     import warnings
@@ -116,7 +128,8 @@ def _load_causal(path: Path, device: torch.device) -> tuple[nn.Module, object]:
 
     with warnings.catch_warnings():  # a missing tokenizer is said below, in one line
         warnings.filterwarnings("ignore", message=".*has no tokenizer.*")
-        model, tokenizer = load_lm(path, device=device)
+        model, tokenizer = load_lm(source, device=device)
+    path = Path(source)
     folder = path if path.is_dir() else path.parent
     if tokenizer is None and (folder / "vocab.json").is_file():
         from handformer.train.data import CharVocab
@@ -143,7 +156,9 @@ class ModelState:
         model: the loaded model (never modified).
         tokenizer: its tokenizer.
         num_layers, num_heads: sizes.
-        max_tokens: the longest input a request may use; longer text is cut.
+        max_tokens: the longest input a request may use; longer text is cut (the model's
+            context, or fewer where every head's weights would pass :data:`VIEW_BUDGET`).
+        context: the model's own context length.
         embed_tokens: the longest input of a sentence embedding (encoders: the checkpoint's
             sentence-transformers ``max_seq_length``, as :func:`handformer.embed` uses).
         default_attention: the attention the model was loaded with (full for BERT); what
@@ -156,9 +171,11 @@ class ModelState:
     def __init__(self, folder: str | Path | None = None, *, device: str = "cpu") -> None:
         self.device = torch.device(device)
         path = None if folder is None else Path(folder)
-        self.causal = path is not None and _is_causal_folder(path)
+        self.causal = folder is not None and _is_causal_folder(
+            folder if isinstance(folder, str) else path)
         if self.causal:
-            model, tokenizer = _load_causal(path, self.device)
+            model, tokenizer = _load_causal(folder if isinstance(folder, str) else path,
+                                            self.device)
             c = model.config
             self.num_layers, self.num_heads, self.max_tokens = c.num_layers, c.num_heads, c.max_len
             self.embed_tokens = self.max_tokens
@@ -176,6 +193,9 @@ class ModelState:
             if pooling is not None and pooling.max_seq_length is not None:
                 self.embed_tokens = min(self.max_tokens, pooling.max_seq_length)
             self.default_attention = AttentionChoice()
+        self.context = self.max_tokens  # the model's own limit
+        self.max_tokens = min(self.max_tokens, view_limit(self.num_layers, self.num_heads))
+        self.embed_tokens = min(self.embed_tokens, self.max_tokens)
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = "all-MiniLM-L6-v2" if path is None else (path.resolve().name or str(path))
@@ -213,11 +233,16 @@ class ModelState:
 
     def info(self) -> dict[str, object]:
         """What ``GET /api/model`` returns."""
+        config = self.model.config
+        kv = getattr(config, "num_kv_heads", None) or self.num_heads
         return {"model": self.name, "type": "causal-lm" if self.causal else "encoder",
-                "layers": self.num_layers, "heads": self.num_heads,
-                "max_tokens": self.max_tokens, "embed_tokens": self.embed_tokens,
+                "layers": self.num_layers, "heads": self.num_heads, "kv_heads": kv,
+                "chat_template": bool(getattr(self.tokenizer, "chat_template", None)),
+                "max_tokens": self.max_tokens, "context": self.context,
+                "embed_tokens": self.embed_tokens,
                 "attention_kinds": list(KINDS),
                 "default_attention": self.default_attention.as_dict(),
                 "device": str(self.device),
-                "endpoints": ["/api/model", "/api/run", "/api/ablate", "/api/rollout"]
+                "endpoints": ["/api/model", "/api/models", "/api/heads", "/api/run", "/api/ablate",
+                              "/api/rollout"]
                 + (["/api/generate", "/api/attribution"] if self.causal else [])}

@@ -24,9 +24,12 @@ MAX_NEW_TOKENS = 512
 WEIGHT_FORMATS = ("json", "binary")
 
 _ATTENTION_FIELDS = ("attention", "window_size", "stride", "global_tokens")
-_RUN_FIELDS = {"text", "text_pair", "heads", *_ATTENTION_FIELDS}
-_GENERATE_FIELDS = {"text", "heads", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
-                    *_ATTENTION_FIELDS}
+_RUN_FIELDS = {"model", "text", "ids", "text_pair", "heads", "choose_head", *_ATTENTION_FIELDS}
+MAX_IDS = 8192  # token ids in one request (a causal model's text given as its tokens)
+_GENERATE_FIELDS = {"model", "text", "messages", "heads", "max_new_tokens", "temperature",
+                    "top_k", "top_p", "seed", *_ATTENTION_FIELDS}
+MAX_MESSAGES = 64  # turns of a chat conversation in one request
+_ROLES = ("system", "user", "assistant")
 
 
 class RequestError(ValueError):
@@ -54,17 +57,24 @@ class RunRequest:
         text_pair: a second text (encoders: its embedding is compared with ``text``'s).
         attention: the attention setting.
         heads: ``(layer, head)`` pairs to ablate, sorted, without repeats.
+        choose_head: open the viewer data on the head ``handformer viz`` would choose
+            (costs a pass over every weight; the page asks for it once per model).
+        ids: causal models: the text as token ids (what a generation made), instead of
+            ``text`` (then the text they decode to).
     """
 
     text: str
     text_pair: str | None
     attention: AttentionChoice
     heads: tuple[tuple[int, int], ...]
+    choose_head: bool = False
+    ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
 class GenerateRequest:
-    """A checked body of ``/api/generate`` (``text`` is the prompt)."""
+    """A checked body of ``/api/generate`` (``text`` is the prompt; for a chat, ``messages``
+    rendered by the model's chat template, and ``chat`` is True)."""
 
     text: str
     attention: AttentionChoice
@@ -74,6 +84,7 @@ class GenerateRequest:
     top_k: int | None
     top_p: float | None
     seed: int
+    chat: bool = False
 
 
 def parse_json(body: bytes) -> dict[str, object]:
@@ -196,12 +207,36 @@ def parse_run(body: dict[str, object], state: ModelState) -> RunRequest:
         RequestError: naming the first bad field.
     """
     _unknown(body, _RUN_FIELDS)
-    text = _text(body, "text", required=True)
+    ids = _ids(body, state)
+    text = _text(body, "text", required=ids is None)
+    if ids is not None:
+        if text is not None:
+            raise RequestError("ids", "give either text or ids, not both")
+        text = state.tokenizer.decode(list(ids))
     pair = _text(body, "text_pair", required=False)
     if pair is not None and state.causal:
         raise RequestError("text_pair", "applies to encoders (embedding similarity); this is "
                                         "a causal language model")
-    return RunRequest(text, pair, _attention(body, state), _heads(body, state))
+    choose = body.get("choose_head", False)
+    if not isinstance(choose, bool):
+        raise RequestError("choose_head", f"must be true or false, got {json.dumps(choose)[:40]}")
+    return RunRequest(text, pair, _attention(body, state), _heads(body, state), choose, ids)
+
+
+def _ids(body: dict[str, object], state: ModelState) -> tuple[int, ...] | None:
+    value = body.get("ids")
+    if value is None:
+        return None
+    if not state.causal:
+        raise RequestError("ids", "applies to causal language models; send text")
+    V = state.model.config.vocab_size
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_IDS:
+        raise RequestError("ids", f"must be a list of 1..{MAX_IDS} token ids")
+    for i in value:
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < V:
+            raise RequestError("ids", f"each id must be an integer in 0..{V - 1}, got "
+                                      f"{json.dumps(i)[:40]}")
+    return tuple(value)
 
 
 def parse_generate(body: dict[str, object], state: ModelState) -> GenerateRequest:
@@ -214,14 +249,48 @@ def parse_generate(body: dict[str, object], state: ModelState) -> GenerateReques
         raise RequestError(None, f"{state.name} is an encoder; /api/generate needs a causal "
                                  "language model folder (handformer serve --model DIR)")
     _unknown(body, _GENERATE_FIELDS)
-    text = _text(body, "text", required=True)
+    chat = body.get("messages") is not None
+    if chat and body.get("text") is not None:
+        raise RequestError("messages", "give either text (a prompt) or messages (a chat), "
+                                       "not both")
+    text = _chat_prompt(body, state) if chat else _text(body, "text", required=True)
     return GenerateRequest(
         text, _attention(body, state), _heads(body, state),
         max_new_tokens=_int(body, "max_new_tokens", 20, 1, MAX_NEW_TOKENS),
         temperature=_float(body, "temperature", 0.0, 100.0),
         top_k=_int(body, "top_k", None, 1, 1 << 30),
         top_p=_float(body, "top_p", 0.0, 1.0),
-        seed=_int(body, "seed", 0, 0, 2**63 - 1))
+        seed=_int(body, "seed", 0, 0, 2**63 - 1), chat=chat)
+
+
+def _chat_prompt(body: dict[str, object], state: ModelState) -> str:
+    """The prompt the model's chat template makes of ``messages`` (checked first)."""
+    template = getattr(state.tokenizer, "chat_template", None)
+    render = getattr(state.tokenizer, "apply_chat_template", None)
+    if not template or not callable(render):
+        raise RequestError("messages", f"{state.name} has no chat template; send text instead")
+    value = body["messages"]
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_MESSAGES:
+        raise RequestError("messages", f"must be a list of 1..{MAX_MESSAGES} "
+                                       '{"role": ..., "content": ...} objects')
+    messages = []
+    for item in value:
+        if (not isinstance(item, dict) or set(item) != {"role", "content"}
+                or item["role"] not in _ROLES or not isinstance(item["content"], str)):
+            raise RequestError("messages", f"each message must be {{\"role\": one of "
+                                           f"{', '.join(_ROLES)}, \"content\": text}}, got "
+                                           f"{json.dumps(item)[:60]}")
+        if any(0xD800 <= ord(c) <= 0xDFFF for c in item["content"]):
+            raise RequestError("messages", "holds lone surrogate characters (not valid Unicode)")
+        messages.append({"role": item["role"], "content": item["content"]})
+    try:
+        text = render(messages, add_generation_prompt=True)
+    except Exception as exc:  # noqa: BLE001 - a template may refuse a conversation
+        raise RequestError("messages", f"the chat template refused them: "
+                                       f"{' '.join(str(exc).split())}") from None
+    if not isinstance(text, str) or not text.strip():
+        raise RequestError("messages", "the chat template made an empty prompt")
+    return text
 
 
 def parse_weights_format(query: list[tuple[str, str]], path: str, *,

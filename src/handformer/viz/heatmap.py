@@ -26,28 +26,14 @@ from matplotlib.figure import Figure
 
 from handformer.viz.data import as_attention_array, as_pattern, check_tokens
 from handformer.viz.files import write_atomic
+from handformer.viz.fonts import ZH_EXTRA, font_families, has_wide, upright_column_label
 
-__all__ = ["plot_attention", "plot_heads", "save_figure", "MissingGlyphWarning"]
+__all__ = ["plot_attention", "plot_heads", "save_figure", "MissingGlyphWarning",
+           "set_column_labels"]
 
 DPI = 100
 # Blocked cells of a pattern: light grey; allowed: dark slate (readable in print too).
 _PATTERN_CMAP = ListedColormap(["#eeeeee", "#3b4a6b"])
-
-
-# Fonts with CJK glyphs, tried after DejaVu Sans for tokens it has no glyph for (the seed
-# tutorial is in Chinese). The first one installed is used.
-_CJK_FAMILIES = ("Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Sans SC", "Source Han Sans SC",
-                 "WenQuanYi Zen Hei", "WenQuanYi Micro Hei", "Droid Sans Fallback",
-                 "AR PL UMing CN", "SimHei", "Microsoft YaHei", "PingFang SC",
-                 "Hiragino Sans GB", "Arial Unicode MS")
-
-
-@functools.lru_cache(maxsize=1)
-def _font_families() -> tuple[str, ...]:
-    from matplotlib import font_manager
-
-    installed = {f.name for f in font_manager.fontManager.ttflist}
-    return ("DejaVu Sans", *[name for name in _CJK_FAMILIES if name in installed][:1])
 
 
 def _new_figure(width: float, height: float) -> Figure:
@@ -74,11 +60,22 @@ def _token_axes(ax: Axes, rows: Sequence[str], cols: Sequence[str]) -> None:
     step_r, step_c = _label_step(len(rows)), _label_step(len(cols))
     fs = _font_size(max(len(rows), len(cols)))
     ax.set_xticks(range(0, len(cols), step_c))
-    ax.set_xticklabels(cols[::step_c], rotation=90, fontsize=fs)
+    set_column_labels(ax, cols[::step_c], fs)
     ax.set_yticks(range(0, len(rows), step_r))
     ax.set_yticklabels(rows[::step_r], fontsize=fs)
     ax.set_xlabel("Key (attended to)")
     ax.set_ylabel("Query (attending)")
+
+
+def set_column_labels(ax: Axes, labels: Sequence[str], fontsize: float) -> None:
+    """Token labels under the columns: turned sideways, except labels with Chinese, Japanese
+    or Korean characters, which are written top to bottom with upright characters."""
+    ax.set_xticklabels([upright_column_label(t) if has_wide(t) else t for t in labels],
+                       rotation=90, fontsize=fontsize)
+    for text, label in zip(ax.get_xticklabels(), labels, strict=True):
+        if has_wide(label):
+            text.set_rotation(0)
+            text.set_linespacing(1.0)
 
 
 def _one_head(weights: object) -> np.ndarray:
@@ -93,11 +90,12 @@ def _one_head(weights: object) -> np.ndarray:
 
 
 def _with_fonts(fn):  # noqa: ANN001, ANN202 - keeps the wrapped signature
-    """Create every text of the figure with the font list of :func:`_font_families`."""
+    """Create every text of the figure with the fonts of :func:`~handformer.viz.fonts.font_families`
+    (DejaVu Sans, then a CJK font)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        with matplotlib.rc_context({"font.family": list(_font_families())}):
+        with matplotlib.rc_context({"font.family": list(font_families())}):
             return fn(*args, **kwargs)
 
     return wrapper
@@ -283,6 +281,6 @@ def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
         warnings.warn(
             f"{len(missing)} character(s) of the tokens have no glyph in the installed fonts "
             f"(e.g. {missing[0]}) and show as boxes in {Path(path).name}; install a font "
-            "that has them (for Chinese: apt-get install fonts-noto-cjk). index.html uses "
-            "the browser's fonts", MissingGlyphWarning, stacklevel=2)
+            f"that has them (Chinese, Japanese, Korean: {ZH_EXTRA}). index.html uses the "
+            "browser's fonts", MissingGlyphWarning, stacklevel=2)
     return written

@@ -21,7 +21,13 @@ import torch
 from matplotlib.figure import Figure
 
 from handformer.viz.data import check_tokens
-from handformer.viz.heatmap import _font_size, _new_figure, _side_inches, _with_fonts
+from handformer.viz.heatmap import (
+    _font_size,
+    _new_figure,
+    _side_inches,
+    _with_fonts,
+    set_column_labels,
+)
 
 __all__ = ["plot_rollout", "plot_faithfulness", "plot_logit_lens", "plot_similarity_lens"]
 
@@ -91,7 +97,7 @@ def plot_rollout(rollout: object, tokens: Sequence[str], *, row: int = 0,
     fs = _font_size(L)
     step = 1 if L <= 64 else int(np.ceil(L / 64))
     heat.set_xticks(range(0, L, step))
-    heat.set_xticklabels(toks[::step], rotation=90, fontsize=fs)
+    set_column_labels(heat, toks[::step], fs)
     heat.set_yticks(range(0, L, step))
     heat.set_yticklabels(toks[::step], fontsize=fs)
     heat.set_xlabel("input token")
@@ -136,7 +142,7 @@ def plot_faithfulness(result: object, *, title: str | None = None) -> Figure:
     strip.set_yticks(range(M))
     strip.set_yticklabels(result.methods)
     strip.set_xticks(range(L))
-    strip.set_xticklabels(result.tokens, rotation=90, fontsize=_font_size(L))
+    set_column_labels(strip, result.tokens, _font_size(L))
     strip.set_title(f"Token scores ({result.row} row; ablation: {result.ablation}), each "
                     "scaled to its maximum; grey: not ranked", fontsize=10)
     im = table.imshow(corr, cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
@@ -194,7 +200,7 @@ def plot_logit_lens(lens: object, tokens: Sequence[str],
             ax.text(j, n, text[:10], ha="center", va="center", fontsize=fs,
                     color="white" if top[n, j] > 0.6 else "black")
     ax.set_xticks(range(L))
-    ax.set_xticklabels(toks, rotation=90, fontsize=fs + 1)
+    set_column_labels(ax, toks, fs + 1)
     ax.set_yticks(range(N))
     ax.set_yticklabels([f"layer {i}" for i in lens.layers])
     ax.set_xlabel("input position (each cell: the most likely NEXT token, read at that layer)")

@@ -8,10 +8,11 @@
   let D = null, N = 0, H = 0, QT = [], KT = [], LQ = 0, LK = 0, LEVELS = 255;
   const $ = (id) => document.getElementById(id);
   const S = { view: "heat", layer: 0, head: 0, heads: new Set(),
-              query: null, hover: null, hoverKey: null, boost: false };
+              query: null, hover: null, hoverKey: null, boost: false, cursor: null };
   let W = null;    // Uint8Array (N * H * LQ * LK)
   let PAT = null;  // Uint8Array (LQ * LK) of 0/1, or null
   let LUT = null;  // 256 x RGB
+  let ABL = new Set();  // "layer,head" of the heads ablated in this data (D.ablated)
   const meanCache = new Map();
 
   function setData(data) {
@@ -19,6 +20,7 @@
     N = D.layers; H = D.heads; QT = D.tokens; KT = D.key_tokens || D.tokens;
     LQ = QT.length; LK = KT.length; LEVELS = D.levels || 255;
     LUT = bytes(D.colormap);
+    ABL = new Set((D.ablated || []).map(function (p) { return p[0] + "," + p[1]; }));
     meanCache.clear();
     thumbs.clear();
   }
@@ -87,7 +89,14 @@
 
   function active() { return S.hover !== null ? S.hover : S.query; }
   function fmt(v) { return v.toFixed(3); }
+  // Okabe & Ito's colour-blind-safe palette for the first eight heads, then a hue wheel.
+  const OKABE_ITO = [[0, 114, 178], [230, 159, 0], [0, 158, 115], [204, 121, 167],
+                     [86, 180, 233], [213, 94, 0], [240, 228, 66], [0, 0, 0]];
   function headColour(h, alpha) {
+    if (H <= OKABE_ITO.length) {
+      const c = OKABE_ITO[h];
+      return "rgba(" + c[0] + ", " + c[1] + ", " + c[2] + ", " + alpha + ")";
+    }
     return "hsla(" + Math.round((h * 360) / Math.max(H, 1) + 10) + ", 70%, 45%, " + alpha + ")";
   }
 
@@ -184,59 +193,143 @@
 
   function pin(i) {
     S.query = S.query === i ? null : i;
+    showRow(S.query);
     redraw();
   }
 
   // ---- heat map view ---------------------------------------------------------------------
-  const heat = { left: 0, top: 0, cell: 1 };
+  // Fit (Z.cell = 0): the whole matrix in the panel, labels when a cell is 9 px or more.
+  // Zoomed (Z.cell = px per cell): a window of the matrix, panned by dragging, the wheel or the
+  // arrow keys; the labels of the rows and columns in view are always drawn.
+  const heat = { left: 0, top: 0, cell: 1, x0: 0, y0: 0, cols: 0, rows: 0, labels: false };
+  const Z = { cell: 0, x0: 0, y0: 0 };
+  const MAX_LABEL = 150;  // px: longer token labels are cut with an ellipsis
+  const wide = /[\u1100-\u115f\u2e80-\ua4cf\uac00-\ud7a3\uf900-\ufaff\ufe30-\ufe4f\uff00-\uff60\uffe0-\uffe6]/;
+
+  function labelText(ctx, t) {
+    if (ctx.measureText(t).width <= MAX_LABEL) return t;
+    let s = t;
+    while (s.length > 1 && ctx.measureText(s + "\u2026").width > MAX_LABEL) s = s.slice(0, -1);
+    return s + "\u2026";
+  }
+
+  // A column label with CJK characters is written top to bottom, characters upright; runs of
+  // other characters stay together (as in the PNG pictures).
+  function uprightParts(t) {
+    const out = [];
+    for (const ch of t) {
+      if (wide.test(ch) || !out.length || wide.test(out[out.length - 1].slice(-1))) out.push(ch);
+      else out[out.length - 1] += ch;
+    }
+    return out;
+  }
+
+  function columnExtent(ctx, t, size) {
+    if (!wide.test(t)) return Math.min(MAX_LABEL, ctx.measureText(t).width);
+    return uprightParts(t).length * (size + 1);
+  }
+
+  function heatAvail() {
+    const wrap = $("view-heat");
+    const w = wrap && wrap.clientWidth ? wrap.clientWidth : window.innerWidth - 40;
+    let avail = Math.max(260, Math.min(w - 10, Z.cell ? 1800 : 900));
+    if (PAT) avail = Math.max(240, Math.min(avail, (w - 40) / 2));
+    return avail;
+  }
+
+  function labelRoom(ctx, size) {
+    ctx.font = size + "px sans-serif";
+    let wq = 0, wk = 0;
+    QT.forEach(function (t) { wq = Math.max(wq, Math.min(MAX_LABEL, ctx.measureText(t).width)); });
+    KT.forEach(function (t) { wk = Math.max(wk, columnExtent(ctx, t, size)); });
+    return [Math.ceil(wq) + 10, Math.ceil(wk) + 10];
+  }
 
   function heatGeometry(ctx) {
-    let avail = Math.max(320, Math.min(window.innerWidth - 80, 900));
-    if (PAT) avail = Math.max(300, Math.min(avail, (window.innerWidth - 200) / 2));
-    const fit = avail / Math.max(LQ, LK);
-    const cell = fit >= 4 ? Math.min(36, Math.floor(fit)) : Math.max(1, fit);
+    const avail = heatAvail();
+    const fitCell = function (room) {
+      const fit = room / Math.max(LQ, LK);
+      return fit >= 4 ? Math.min(36, Math.floor(fit)) : Math.max(1, fit);
+    };
+    let cell = Z.cell || fitCell(avail);
+    let size = Math.min(13, Math.floor(cell) - 2);
     let left = 6, top = 6;
     if (cell >= 9) {
-      ctx.font = Math.min(13, cell - 2) + "px sans-serif";
-      let wq = 0, wk = 0;
-      QT.forEach(function (t) { wq = Math.max(wq, ctx.measureText(t).width); });
-      KT.forEach(function (t) { wk = Math.max(wk, ctx.measureText(t).width); });
-      left = Math.ceil(wq) + 10; top = Math.ceil(wk) + 10;
+      [left, top] = labelRoom(ctx, size);
+      if (!Z.cell) {  // fit the labels and the matrix together
+        cell = fitCell(avail - left - 6);
+        size = Math.min(13, Math.floor(cell) - 2);
+        if (cell >= 9) [left, top] = labelRoom(ctx, size);
+        else { left = 6; top = 6; }
+      }
     }
-    return { left: left, top: top, cell: cell, labels: cell >= 9 };
+    const labels = cell >= 9;
+    let cols = LK, rows = LQ;
+    if (Z.cell) {
+      const maxH = Math.max(240, window.innerHeight * 0.72 - top);
+      cols = Math.max(1, Math.min(LK, Math.floor((avail - left - 6) / cell)));
+      rows = Math.max(1, Math.min(LQ, Math.floor(maxH / cell)));
+    }
+    Z.x0 = Math.max(0, Math.min(Z.x0, LK - cols));
+    Z.y0 = Math.max(0, Math.min(Z.y0, LQ - rows));
+    return { left: left, top: top, cell: cell, labels: labels, size: size,
+             x0: Z.cell ? Z.x0 : 0, y0: Z.cell ? Z.y0 : 0, cols: cols, rows: rows };
   }
 
   function drawMatrixCanvas(cv, image, g) {
-    const ctx = sizeCanvas(cv, g.left + LK * g.cell + 6, g.top + LQ * g.cell + 6);
+    const ctx = sizeCanvas(cv, g.left + g.cols * g.cell + 6, g.top + g.rows * g.cell + 6);
     ctx.fillStyle = "#fff";
     ctx.fillRect(0, 0, cv.width, cv.height);
     ctx.imageSmoothingEnabled = false;
-    ctx.drawImage(image, g.left, g.top, LK * g.cell, LQ * g.cell);
-    const q = active();
+    ctx.drawImage(image, g.x0, g.y0, g.cols, g.rows, g.left, g.top, g.cols * g.cell, g.rows * g.cell);
+    const q = active(), cur = S.cursor;
+    const inRows = function (i) { return i !== null && i >= g.y0 && i < g.y0 + g.rows; };
+    const inCols = function (j) { return j !== null && j >= g.x0 && j < g.x0 + g.cols; };
+    if (cur) {  // the row and column under the pointer
+      ctx.fillStyle = "rgba(255, 255, 255, 0.28)";
+      if (inRows(cur.i)) ctx.fillRect(g.left, g.top + (cur.i - g.y0) * g.cell, g.cols * g.cell, g.cell);
+      if (inCols(cur.j)) ctx.fillRect(g.left + (cur.j - g.x0) * g.cell, g.top, g.cell, g.rows * g.cell);
+    }
     if (g.labels) {
-      ctx.font = Math.min(13, g.cell - 2) + "px sans-serif";
+      ctx.font = g.size + "px sans-serif";
       ctx.textBaseline = "middle";
       ctx.textAlign = "right";
-      QT.forEach(function (t, i) {
-        ctx.fillStyle = i === q ? "#d1495b" : "#1d2330";
-        ctx.fillText(t, g.left - 5, g.top + (i + 0.5) * g.cell);
-      });
-      ctx.save();
-      ctx.textAlign = "left";
-      KT.forEach(function (t, j) {
-        ctx.save();
-        ctx.translate(g.left + (j + 0.5) * g.cell, g.top - 5);
-        ctx.rotate(-Math.PI / 2);
+      for (let i = g.y0; i < g.y0 + g.rows; i++) {
+        const hot = i === q || (cur && cur.i === i);
+        ctx.font = (hot ? "bold " : "") + g.size + "px sans-serif";
+        ctx.fillStyle = i === q ? "#c0392b" : "#1d2330";
+        ctx.fillText(labelText(ctx, QT[i]), g.left - 5, g.top + (i - g.y0 + 0.5) * g.cell);
+      }
+      for (let j = g.x0; j < g.x0 + g.cols; j++) {
+        const t = KT[j], x = g.left + (j - g.x0 + 0.5) * g.cell;
+        ctx.font = (cur && cur.j === j ? "bold " : "") + g.size + "px sans-serif";
         ctx.fillStyle = "#1d2330";
-        ctx.fillText(t, 0, 0);
-        ctx.restore();
-      });
-      ctx.restore();
+        if (wide.test(t)) {  // upright, top to bottom, ending just above the matrix
+          const parts = uprightParts(t), step = g.size + 1;
+          ctx.textAlign = "center";
+          parts.forEach(function (p, n) {
+            ctx.fillText(p, x, g.top - 5 - (parts.length - n - 0.5) * step);
+          });
+        } else {
+          ctx.save();
+          ctx.textAlign = "left";
+          ctx.translate(x, g.top - 5);
+          ctx.rotate(-Math.PI / 2);
+          ctx.fillText(labelText(ctx, t), 0, 0);
+          ctx.restore();
+        }
+      }
     }
-    if (q !== null) {
-      ctx.strokeStyle = "#d1495b";
+    if (inRows(q)) {
+      ctx.strokeStyle = "#c0392b";
       ctx.lineWidth = Math.max(1.5, Math.min(3, g.cell / 6));
-      ctx.strokeRect(g.left - 1, g.top + q * g.cell - 1, LK * g.cell + 2, g.cell + 2);
+      ctx.strokeRect(g.left - 1, g.top + (q - g.y0) * g.cell - 1, g.cols * g.cell + 2, g.cell + 2);
+    }
+    if (Z.cell && (g.cols < LK || g.rows < LQ)) {  // where the window lies in the whole matrix
+      ctx.fillStyle = "rgba(29, 35, 48, 0.55)";
+      const w = g.cols * g.cell, h = g.rows * g.cell;
+      ctx.fillRect(g.left + (g.x0 / LK) * w, g.top + h + 2, Math.max(6, (g.cols / LK) * w), 3);
+      ctx.fillRect(g.left + w + 2, g.top + (g.y0 / LQ) * h, 3, Math.max(6, (g.rows / LQ) * h));
     }
   }
 
@@ -248,7 +341,51 @@
     drawMatrixCanvas(cv, imageOf(r), g);
     $("cb-lo").textContent = fmt(r.lo);
     $("cb-hi").textContent = fmt(r.hi);
+    const zoom = $("zoom-level");
+    if (zoom) zoom.textContent = Z.cell ? Math.round(g.cell) + " px per token" : "fit";
+    document.body.dataset.heatLabels = g.labels ? "1" : "0";
+    document.body.dataset.heatCell = String(Math.round(g.cell * 100) / 100);
+    document.body.dataset.heatWindow = [g.y0, g.x0, g.rows, g.cols].join(",");
+    const note = $("heat-note");
+    if (note) {
+      note.textContent = ABL.has(S.layer + "," + S.head)
+        ? "This head is ablated: its output is zeroed, so later layers change; its own " +
+          "weights are drawn as computed." : "";
+    }
     if (PAT) drawPattern(g);
+  }
+
+  // Zoom by `factor` around the cell (ci, cj) (default: the middle of the window; from the
+  // whole matrix, its start: the first tokens of the text).
+  function zoomBy(factor, ci, cj) {
+    const g = heat;
+    let ai = ci === undefined ? g.y0 + g.rows / 2 : ci, aj = cj === undefined ? g.x0 + g.cols / 2 : cj;
+    if (!Z.cell && ci === undefined) { ai = 0; aj = 0; }
+    const next = Math.max(2, Math.min(40, (Z.cell || g.cell) * factor));
+    const fitCell = heatAvail() / Math.max(LQ, LK);
+    if (factor < 1 && next <= fitCell) { zoomFit(); return; }
+    const before = (Z.cell || g.cell);
+    Z.cell = next;
+    // Keep the anchor cell where it was on the screen.
+    Z.x0 = Math.round(aj - (aj - g.x0) * before / next);
+    Z.y0 = Math.round(ai - (ai - g.y0) * before / next);
+    redraw();
+  }
+  function zoomFit() { Z.cell = 0; Z.x0 = 0; Z.y0 = 0; redraw(); }
+  function panBy(di, dj) {
+    if (!Z.cell) return false;
+    const x0 = Z.x0, y0 = Z.y0;
+    Z.x0 = Math.max(0, Math.min(LK - heat.cols, Z.x0 + dj));
+    Z.y0 = Math.max(0, Math.min(LQ - heat.rows, Z.y0 + di));
+    if (x0 === Z.x0 && y0 === Z.y0) return false;
+    redraw();
+    return true;
+  }
+  // Pan so query row i is in view (arrow keys, clicks on the sentence).
+  function showRow(i) {
+    if (!Z.cell || i === null) return;
+    if (i < Z.y0) Z.y0 = i;
+    else if (i >= Z.y0 + heat.rows) Z.y0 = i - heat.rows + 1;
   }
 
   function drawColourbar() {
@@ -275,14 +412,19 @@
 
   function cellAt(e) {
     const rect = e.target.getBoundingClientRect();
-    const j = Math.floor((e.clientX - rect.left - heat.left) / heat.cell);
-    const i = Math.floor((e.clientY - rect.top - heat.top) / heat.cell);
+    const x = Math.floor((e.clientX - rect.left - heat.left) / heat.cell);
+    const y = Math.floor((e.clientY - rect.top - heat.top) / heat.cell);
+    if (x < 0 || y < 0 || x >= heat.cols || y >= heat.rows) return null;
+    const i = y + heat.y0, j = x + heat.x0;
     return i >= 0 && i < LQ && j >= 0 && j < LK ? { i: i, j: j } : null;
   }
 
   function heatMove(e) {
     const c = cellAt(e);
-    if (!c) { hideTip(); return; }
+    const was = S.cursor;
+    S.cursor = c;
+    if (!c) { hideTip(); if (was) redraw(); return; }
+    if (!was || was.i !== c.i || was.j !== c.j) redraw();
     let text = "query " + c.i + " " + QT[c.i] + "\n\u2192 key " + c.j + " " + KT[c.j] + "\n";
     text += S.head < 0 ? "mean over heads: " + fmt(matrix(S.layer, -1).m[c.i * LK + c.j])
                        : "weight: " + fmt(weight(S.layer, S.head, c.i, c.j));
@@ -416,9 +558,22 @@
       for (let h = 0; h < H; h++) {
         const cv = document.createElement("canvas");
         cv.dataset.l = l; cv.dataset.h = h;
-        cv.title = "layer " + l + ", head " + h;
+        const off = ABL.has(l + "," + h);
+        cv.title = "layer " + l + ", head " + h + (off ? " (ablated)" : "");
+        cv.tabIndex = 0;
+        cv.setAttribute("role", "button");
+        cv.setAttribute("aria-label", cv.title + ": open in the heat map");
         const ctx = sizeCanvas(cv, t, t);
         ctx.drawImage(thumbnail(l, h, t), 0, 0, t, t);
+        if (off) {  // ablated: greyed and struck through
+          cv.classList.add("ablated");
+          ctx.fillStyle = "rgba(255, 255, 255, 0.55)";
+          ctx.fillRect(0, 0, t, t);
+          ctx.strokeStyle = "#1d2330";
+          ctx.lineWidth = 2;
+          ctx.beginPath(); ctx.moveTo(3, 3); ctx.lineTo(t - 3, t - 3);
+          ctx.moveTo(t - 3, 3); ctx.lineTo(3, t - 3); ctx.stroke();
+        }
         if (q !== null) {
           ctx.strokeStyle = "#d1495b";
           ctx.lineWidth = 1.5;
@@ -513,7 +668,8 @@
     if (first) { S.layer = D.layer || 0; S.head = D.head || 0; }
     if (S.layer >= N) S.layer = 0;
     if (S.head >= H) S.head = 0;
-    S.query = null; S.hover = null; S.hoverKey = null;
+    S.query = null; S.hover = null; S.hoverKey = null; S.cursor = null;
+    if (first) { Z.cell = 0; Z.x0 = 0; Z.y0 = 0; }
     S.heads.clear();
     for (let h = 0; h < H; h++) S.heads.add(h);
     const info = [LQ + " tokens", N + " layer" + (N > 1 ? "s" : "") + " \u00d7 " + H + " head" + (H > 1 ? "s" : "")];
@@ -555,15 +711,52 @@
     $("boost").addEventListener("change", function (e) {
       S.boost = e.target.checked; drawColourbar(); redraw();
     });
-    document.querySelectorAll(".tab").forEach(function (b) {
+    document.querySelectorAll(".tab[data-view]").forEach(function (b) {
       b.addEventListener("click", function () { setView(b.dataset.view); });
     });
     ["heat", "pattern"].forEach(function (id) {
       const cv = $(id);
-      cv.addEventListener("mousemove", heatMove);
-      cv.addEventListener("mouseleave", hideTip);
-      cv.addEventListener("click", function (e) { const c = cellAt(e); if (c) pin(c.i); });
+      let drag = null;
+      cv.addEventListener("mousemove", function (e) {
+        if (drag && (e.buttons & 1)) {  // drag to pan (zoomed)
+          const di = Math.trunc((drag.y - e.clientY) / heat.cell);
+          const dj = Math.trunc((drag.x - e.clientX) / heat.cell);
+          if (di || dj) {
+            drag.moved = true;
+            if (panBy(di, dj)) { drag.x = e.clientX; drag.y = e.clientY; }
+          }
+          return;
+        }
+        heatMove(e);
+      });
+      cv.addEventListener("mousedown", function (e) {
+        drag = Z.cell ? { x: e.clientX, y: e.clientY, moved: false } : null;
+      });
+      cv.addEventListener("mouseleave", function () { hideTip(); S.cursor = null; redraw(); });
+      cv.addEventListener("click", function (e) {
+        const moved = drag && drag.moved;
+        drag = null;
+        if (moved) return;
+        const c = cellAt(e); if (c) pin(c.i);
+      });
+      cv.addEventListener("wheel", function (e) {
+        const c = cellAt(e);
+        if (e.ctrlKey || e.metaKey) {  // pinch or Ctrl + wheel: zoom around the pointer
+          e.preventDefault();
+          zoomBy(e.deltaY < 0 ? 1.25 : 0.8, c ? c.i : undefined, c ? c.j : undefined);
+          return;
+        }
+        const step = Math.sign(e.deltaY || e.deltaX) * 3;
+        const moved = e.shiftKey || Math.abs(e.deltaX) > Math.abs(e.deltaY)
+          ? panBy(0, step) : panBy(step, 0);
+        if (moved) e.preventDefault();  // else the page scrolls on
+      }, { passive: false });
     });
+    if ($("zoom-in")) {
+      $("zoom-in").addEventListener("click", function () { zoomBy(Z.cell ? 1.5 : Math.max(1.5, 14 / heat.cell)); });
+      $("zoom-out").addEventListener("click", function () { if (Z.cell) zoomBy(1 / 1.5); });
+      $("zoom-fit").addEventListener("click", zoomFit);
+    }
     $("lines").addEventListener("mousemove", function (e) {
       const t = headTarget(e);
       const hq = t && t.side === "q" ? t.i : null, hk = t && t.side === "k" ? t.i : null;
@@ -578,20 +771,30 @@
       const t = headTarget(e);
       if (t && t.side === "q") pin(t.i);
     });
-    $("grid").addEventListener("click", function (e) {
+    function openThumb(e) {
       if (e.target.dataset.l === undefined) return;
       S.layer = +e.target.dataset.l; S.head = +e.target.dataset.h;
       $("layer").value = String(S.layer); $("head").value = String(S.head);
       setView("heat");
+    }
+    $("grid").addEventListener("click", openThumb);
+    $("grid").addEventListener("keydown", function (e) {
+      if (e.key === "Enter" || e.key === " ") { e.preventDefault(); openThumb(e); }
     });
     document.addEventListener("keydown", function (e) {
-      if (["SELECT", "INPUT", "TEXTAREA"].includes(e.target.tagName)) return;
+      if (["SELECT", "INPUT", "TEXTAREA", "BUTTON"].includes(e.target.tagName)) return;
+      if (e.target.dataset && e.target.dataset.l !== undefined) return;  // a grid thumbnail
       if (e.key === "Escape") { S.query = null; redraw(); }
       else if (e.key === "ArrowRight" || e.key === "ArrowDown") {
-        S.query = S.query === null ? 0 : Math.min(LQ - 1, S.query + 1); redraw();
+        S.query = S.query === null ? 0 : Math.min(LQ - 1, S.query + 1); showRow(S.query); redraw();
+        e.preventDefault();
       } else if (e.key === "ArrowLeft" || e.key === "ArrowUp") {
-        S.query = S.query === null ? 0 : Math.max(0, S.query - 1); redraw();
-      }
+        S.query = S.query === null ? 0 : Math.max(0, S.query - 1); showRow(S.query); redraw();
+        e.preventDefault();
+      } else if (S.view === "heat" && (e.key === "+" || e.key === "=")) {
+        zoomBy(Z.cell ? 1.5 : Math.max(1.5, 14 / heat.cell), S.query === null ? undefined : S.query);
+      } else if (S.view === "heat" && e.key === "-") { if (Z.cell) zoomBy(1 / 1.5); }
+      else if (S.view === "heat" && e.key === "0") zoomFit();
     });
     let resizeTimer = null;
     window.addEventListener("resize", function () {

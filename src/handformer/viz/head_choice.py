@@ -1,0 +1,90 @@
+"""Which head to show first: the one ``handformer viz`` draws in head.png and the page opens on.
+
+The head holding the strongest link between two ordinary tokens at least two words apart
+(not within "didn't", not to the neighbour; special and unknown tokens left out). When no such
+pair exists (a short text, or one the model reads as ``[UNK] [UNK] ...``), the condition is
+relaxed step by step: any two ordinary tokens of different words, then any two positions other
+than the first key (where many heads park their attention), so the choice is never an
+arbitrary fixed head.
+
+Shape letters: ``N`` layers, ``H`` heads, ``L`` tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from handformer.viz.data import as_attention_array, summarize
+
+__all__ = ["choose_head", "word_index"]
+
+
+def word_index(text: str, offsets: Sequence[tuple[int, int]]) -> list[int]:
+    """Per token, the index of the whitespace-separated word its characters start in.
+
+    Args:
+        text: the text that was tokenized.
+        offsets: per token, its ``(start, end)`` character offsets in ``text``.
+
+    Returns:
+        One word index per token (tokens past the text, e.g. ``[SEP]``, get one more).
+    """
+    word_at, word, inside = [], -1, False
+    for ch in text:
+        if not ch.isspace() and not inside:
+            word += 1
+        inside = not ch.isspace()
+        word_at.append(max(word, 0))
+    return [word_at[start] if start < len(word_at) else word + 1 for start, _ in offsets]
+
+
+def choose_head(attentions: object, tokens: Sequence[str], *,
+                special: Sequence[bool] | None = None, words: Sequence[int] | None = None,
+                unknown: Sequence[bool] | None = None, layer: int | None = None,
+                head: int | None = None) -> tuple[int, int]:
+    """The ``(layer, head)`` to show first.
+
+    Args:
+        attentions: anything :func:`handformer.viz.data.as_attention_array` accepts.
+        tokens: one label per position.
+        special: per position, True for special tokens (default: labels like ``[CLS]``).
+        words: per position, its word index (default: its position).
+        unknown: per position, True for the model's unknown token (left out like special
+            tokens: a link between two ``[UNK]`` says nothing).
+        layer: a layer fixed by the caller (the head is chosen within it).
+        head: a head fixed by the caller.
+
+    Returns:
+        ``(layer, head)``.
+    """
+    x = as_attention_array(attentions)  # (N, H, L, L)
+    N, H, L, _ = x.shape
+    if layer is not None and head is not None:
+        return layer, head
+    skip = [False] * L if special is None else list(special)
+    if special is None:
+        skip = [len(t) > 2 and t.startswith(("[", "<")) and t.endswith(("]", ">"))
+                for t in tokens]
+    if unknown is not None:
+        skip = [a or bool(b) for a, b in zip(skip, unknown, strict=True)]
+    for distance in (2, 1):
+        best = max((s for s in summarize(x, tokens, special=skip, words=words,
+                                         min_distance=distance)
+                    if s.link is not None and (layer is None or s.layer == layer)),
+                   key=lambda s: s.link[3], default=None)
+        if best is not None:
+            return (best.layer if layer is None else layer,
+                    best.link[0] if head is None else head)
+    # Nothing ordinary to link: the strongest weight between two different positions,
+    # leaving out the first key and each token's own position.
+    links = x.copy()  # (N, H, L, L)
+    links[..., 0] = 0.0
+    links[..., np.arange(L), np.arange(L)] = 0.0
+    if layer is not None:
+        links[np.arange(N) != layer] = -1.0
+    if head is not None:
+        links[:, np.arange(H) != head] = -1.0
+    n, h = np.unravel_index(int(links.reshape(N, H, -1).max(-1).argmax()), (N, H))
+    return int(n), int(h)
