@@ -284,6 +284,8 @@ def test_model_picker_switches_and_reports_a_failed_load(driver, server):
     wait_for(driver, "return document.body.dataset.svError.includes('could not be loaded')",
              True, timeout=60)
     assert js(driver, "return document.getElementById('sv-model').value") == "lm"
+    assert "failed to load" in driver.find_element(By.CSS_SELECTOR,
+                                                   '#sv-model option[value="broken"]').text
     # back to the encoder: instant (already loaded), the grid is 6 x 12 again
     start = time.perf_counter()
     pick_model(driver, "all-MiniLM-L6-v2")
