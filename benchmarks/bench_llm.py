@@ -210,6 +210,39 @@ def streaming(ours: torch.nn.Module, floor_ms: float) -> dict:
             "floor_gb_per_s": weights / (floor_ms / 1e3) / 1e9, "working_sets": rows}
 
 
+# VmHWM, not getrusage's ru_maxrss: on Linux ru_maxrss survives exec, so a child forked from
+# a big parent would report the parent's size
+LOAD_SCRIPT = """
+import sys, time
+from handformer.pretrained import load_lm
+def status(field):
+    return int(open("/proc/self/status").read().split(field + ":")[1].split()[0]) * 1024
+before = status("VmRSS")
+start = time.perf_counter()
+model, _ = load_lm(sys.argv[1], tokenizer=False)
+seconds = time.perf_counter() - start
+peak = status("VmHWM")
+size = sum(p.numel() * p.element_size() for p in model.parameters())
+print(seconds, peak - before, size)
+"""
+
+
+def load_memory(folder: Path) -> dict:
+    """``load_lm``'s time and peak RSS growth, in a fresh process: built on the meta device
+    and filled tensor by tensor, the model should cost about one copy of its weights."""
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    done = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, str(folder)], env=env,
+                          capture_output=True, text=True, check=True)
+    seconds, growth, size = (float(x) for x in done.stdout.split()[-3:])
+    out = {"seconds": seconds, "peak_rss_growth_bytes": growth, "model_bytes": size,
+           "growth_over_model": growth / size}
+    print(f"load_lm: {seconds:.1f} s, peak RSS growth {growth / 1e6:.0f} MB for a "
+          f"{size / 1e6:.0f} MB model ({out['growth_over_model']:.2f}x)", flush=True)
+    return out
+
+
 def main() -> None:
     import transformers
 
@@ -218,6 +251,7 @@ def main() -> None:
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         save_folder(Path(tmp))
+        memory = load_memory(Path(tmp))
         start = time.perf_counter()
         ours, _ = load_lm(tmp, tokenizer=False)
         load_s = time.perf_counter() - start
@@ -237,7 +271,7 @@ def main() -> None:
     load_end = os.getloadavg()
     data = {"machine": machine(), "shape": SHAPE, "load_s": load_s,
             "transformers": transformers.__version__, "threads": per_threads,
-            "kv_cache": kv, "streaming": stream,
+            "kv_cache": kv, "streaming": stream, "load_memory": memory,
             "targets": {"forward_ratio": 1.0, "decode_ratio": 0.9, "decode_vs_floor": 1.3},
             "load_average_start": list(load_start), "load_average_end": list(load_end)}
     ok = lambda c: "yes" if c else "NO"  # noqa: E731
@@ -275,6 +309,10 @@ def main() -> None:
         f"{kv['transformers_bytes'] / 2**20:.1f} MiB. A sliding layer (window "
         f"{kv['sliding_window']}) holds {kv['sliding_layer_tokens']} tokens at "
         f"{kv['context']}.",
+        "",
+        f"`load_lm` in a fresh process: {memory['seconds']:.1f} s, peak RSS growth "
+        f"{memory['growth_over_model']:.2f}x the model's {memory['model_bytes'] / 1e6:.0f} MB "
+        "(built on the meta device, filled tensor by tensor).",
         "",
         f"Weights streamed in the floor: {stream['floor_gb_per_s']:.1f} GB/s "
         f"({stream['model_weight_bytes'] / 1e6:.0f} MB per step); small working sets: "

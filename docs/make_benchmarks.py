@@ -473,16 +473,105 @@ def section_gguf(data: dict) -> list[str]:
     return out + ["", reproduce("bench_gguf.py"), ""]
 
 
+def section_llm_inspect(data: dict) -> list[str]:
+    """``bench_llm_inspect.py``: attribution, attribution patching, idle hook points."""
+    r, t, med = data["ratios"], data["targets"], data["median_s"]
+    ok = {k: "met" if r[k] <= t[k] else "missed" for k in r}
+    heads = data["layers"] * data["heads"]
+    out = ["## Inside a causal LM (attribution, attribution patching)", "", machine_line(data),
+           "", f"{data['model']}, {data['tokens']} tokens.", "",
+           f"- Direct logit attribution of every head and component at every position: "
+           f"{r['attribution_vs_cache']:.2f}x one `run_with_cache` forward "
+           f"(target <= {t['attribution_vs_cache']}x, {ok['attribution_vs_cache']}).",
+           f"- `attribution_patching` over all {heads} heads: "
+           f"{r['attr_patching_vs_forward']:.2f}x one forward (target <= "
+           f"{t['attr_patching_vs_forward']}x, {ok['attr_patching_vs_forward']}); exact "
+           f"`patching_sweep` of the same heads {data['patching_sweep_s']:.1f} s against "
+           f"{fmt_s(med['attr_patching'])}; Pearson r between them "
+           f"{data['attr_vs_exact_pearson_r']:.3f} (one random token changed).",
+           f"- Forward with idle hook points (`hook_result`, `hook_scale`): "
+           f"{r['no_hooks_vs_stripped']:.3f}x the forward with them stripped (target <= "
+           f"{t['no_hooks_vs_stripped']}x, {ok['no_hooks_vs_stripped']})."]
+    ioi = data.get("ioi") or {}
+    if "pearson_r" in ioi:
+        out.append(f"- IOI pair: clean logit difference {ioi['clean_logit_diff']:.2f}; "
+                   f"attribution patching vs exact per-head patching r = "
+                   f"{ioi['pearson_r']:.3f}.")
+    return out + ["", reproduce("bench_llm_inspect.py"), ""]
+
+
+def section_sinks(data: dict) -> list[str]:
+    """``bench_sinks.py``: perplexity with full attention, a window, the window + sinks."""
+    ppl, past = data["perplexity"], data["perplexity_past_window"]
+    rows = [f"| {k} | {ppl[k]:.2f} | {past[k]:.2f} |" for k in ppl]
+    fig = new_figure(6.0, 3.0)
+    ax = fig.add_subplot()
+    for label, values in data["curves"].items():
+        ax.plot(data["curve_positions"], values, label=label, lw=1.2)
+    ax.axvline(data["window"] // 2 + 1, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("position in the text")
+    ax.set_ylabel("next-token loss (rolling mean of 64)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    link = save(fig, "bench_sinks.png")
+    return ["## Attention sinks (StreamingLLM)", "", machine_line(data), "",
+            f"{data['model']}, {data['tokens']} tokens of the English tutorial; every layer's "
+            f"attention swapped for the kind in the row.", "",
+            f"| attention | perplexity | perplexity after token {data['window']} |",
+            "|---|---|---|", *rows, "", f"![next-token loss by position]({link})", "",
+            reproduce("bench_sinks.py"), ""]
+
+
+def section_llm(data: dict) -> list[str]:
+    """``bench_llm.py``: a SmolLM2-135M-shaped Llama against transformers."""
+    ok = {True: "met", False: "missed"}
+    load = data.get("load_average_start", [float("nan")])[0]
+    out = ["## A SmolLM2-135M-shaped Llama against transformers", "", machine_line(data), "",
+           f"Random weights in SmolLM2-135M's shape saved as a Llama folder, loaded by "
+           f"`load_lm` and by transformers {data['transformers']} (sdpa); float32, batch 1. "
+           f"The floor is one step's matrix-vector products plus one fused attention per "
+           f"layer over the cache, measured in the same run. Load average at the start: "
+           f"{load:.1f}.", "",
+           "| threads | measurement | handformer | transformers | floor | ratio | target |",
+           "|---|---|---|---|---|---|---|"]
+    for r in data["threads"]:
+        f = r["forward_ms"]
+        out.append(f"| {r['threads']} | forward {r['forward_tokens']} tokens, ms | "
+                   f"{f['handformer']:.0f} | {f['transformers']:.0f} | | "
+                   f"{r['forward_ratio']:.2f} | ≤ 1.0 ({ok[r['forward_ratio'] <= 1.0]}) |")
+        for d in r["decode"]:
+            ms = d["ms_per_token"]
+            out.append(f"| {r['threads']} | decode after {d['context']}, ms/token | "
+                       f"{ms['handformer']:.1f} | {ms['transformers']:.1f} | {ms['floor']:.1f} "
+                       f"| {d['ratio_vs_transformers']:.2f} (floor {d['ratio_vs_floor']:.2f}) "
+                       f"| ≤ 0.9 ({ok[d['ratio_vs_transformers'] <= 0.9]}), floor ≤ 1.3 "
+                       f"({ok[d['ratio_vs_floor'] <= 1.3]}) |")
+    kv, mem = data["kv_cache"], data.get("load_memory")
+    out += ["", f"- KV cache at {kv['context']} tokens: {kv['ratio_vs_mha']:.3f} of a "
+                f"multi-head cache (num_kv_heads / num_heads = {kv['expected_ratio']:.3f}); a "
+                f"sliding layer (window {kv['sliding_window']}) holds "
+                f"{kv['sliding_layer_tokens']} tokens.",
+            f"- Weights streamed in the floor: {data['streaming']['floor_gb_per_s']:.1f} GB/s."]
+    if mem:
+        out.append(f"- `load_lm` in a fresh process: {mem['seconds']:.1f} s, peak RSS growth "
+                   f"{mem['growth_over_model']:.2f}x the model's "
+                   f"{mem['model_bytes'] / 1e6:.0f} MB.")
+    return out + ["", reproduce("bench_llm.py"), ""]
+
+
 SECTIONS: list[tuple[str, str, Callable[[dict], list[str]]]] = [
     ("variants", "bench_variants.py", section_variants),
     ("core", "bench_core.py", section_core),
     ("embed", "bench_embed.py", section_embed),
     ("train", "bench_train.py", section_train),
     ("decode", "bench_decode.py", section_decode),
+    ("llm", "bench_llm.py", section_llm),
     ("viz", "bench_viz.py", section_viz),
     ("serve", "bench_serve.py", section_serve),
     ("inspect", "bench_inspect.py", section_inspect),
     ("gguf", "bench_gguf.py", section_gguf),
+    ("llm_inspect", "bench_llm_inspect.py", section_llm_inspect),
+    ("sinks", "bench_sinks.py", section_sinks),
 ]
 
 

@@ -163,7 +163,7 @@ BAD_ARGS = [
     (["viz", "the cat", "--attention", "sparse"], "invalid choice: 'sparse'"),
     (["viz", "the cat", "--layer", "1e3"], "invalid int value: '1e3'"),
     (["viz", "the cat", "--bogus"], "unrecognized arguments: --bogus"),
-    (["generate", "--model", "{lm}"], "the following arguments are required: --prompt"),
+    (["generate", "--model", "{lm}"], "one of the arguments --prompt --chat is required"),
     (["generate", "--model", "/nonexistent", "--prompt", "the"], "no config.json in /nonexistent"),
     (["generate", "--model", "{lm}", "--prompt", "the", "--max-new-tokens", "-1"],
      "--max-new-tokens must be an integer >= 0, got -1"),

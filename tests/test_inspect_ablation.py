@@ -136,5 +136,5 @@ def test_bad_arguments(bundled) -> None:  # noqa: ANN001
         head_ablation_sweep(model, enc, lambda o: o.last_hidden_state, heads=[(0, 0)])
     with pytest.raises(ValueError, match="same shapes"):
         patching_sweep(model, enc, {k: v[:1] for k, v in enc.items()}, metric)
-    with pytest.raises(ValueError, match="hook must be 'z' or one of"):
-        patching_sweep(model, enc, enc, metric, hook="pattern")
+    with pytest.raises(ValueError, match="hook must be one of"):
+        patching_sweep(model, enc, enc, metric, hook="embed")

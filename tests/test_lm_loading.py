@@ -387,3 +387,14 @@ def test_attention_swap_keeps_the_models_soft_cap(tmp_path: Path) -> None:
     swapped, _ = load_lm(tmp_path, tokenizer=False, attention=FullAttention())
     assert [layer.self_attn.attention.softcap for layer in swapped.layers] == [1.5, 1.5]
     torch.testing.assert_close(_logits(swapped), _logits(loaded), atol=1e-6, rtol=0)
+
+
+def test_tokenizer_false_is_quiet(llama_dir: Path) -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model, tok = load_lm(llama_dir, tokenizer=False)
+    assert tok is None and not model.training
+    with pytest.warns(UserWarning, match="has no tokenizer"):
+        load_lm(llama_dir)  # the folder has none: said once

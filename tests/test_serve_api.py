@@ -308,6 +308,8 @@ def test_body_over_64_kib_is_413(client):
 def test_generate_on_an_encoder_is_refused(client):
     r = client.post("/api/generate", json={"text": "hi"})
     assert r.status_code == 422 and "causal" in r.json()["error"]
+    r = client.post("/api/attribution", json={"text": "hi"})
+    assert r.status_code == 422 and "needs a causal language model" in r.json()["error"]
 
 
 @pytest.mark.parametrize("path", [

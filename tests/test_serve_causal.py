@@ -209,3 +209,19 @@ def test_gpt2_folder_with_a_tokenizer_json(tmp_path):
             assert events[-1]["reason"] == ("eos" if EOS in ids else "max_new_tokens")
     finally:
         s.close()
+
+
+def test_attribution_adds_up_to_the_top_logit(client, direct):
+    model, vocab = direct
+    body = client.post("/api/attribution", json={"text": PROMPT}).json()
+    with torch.inference_mode():
+        last = model(ids_of(vocab, PROMPT)).logits[0, -1]
+    assert body["token"]["id"] == int(last.argmax())
+    assert body["logit"] == pytest.approx(float(last.max()), abs=1e-4)
+    assert sum(body["components"]["values"]) == pytest.approx(body["logit"], abs=1e-4)
+    assert body["components"]["labels"][:2] == ["embed", "pos_embed"]
+    heads = body["heads"]
+    total = sum(sum(row) for row in heads["grid"]) + heads["remainder"] + heads["bias"]
+    assert total == pytest.approx(body["logit"], abs=1e-4)
+    assert len(heads["grid"]) == 2 and len(heads["grid"][0]) == 4
+    assert "/api/attribution" in client.get("/api/model").json()["endpoints"]

@@ -1,4 +1,4 @@
-"""Attention functions and kinds (full, local, strided, linear) sharing one signature."""
+"""Attention functions and kinds (full, local, sinks, strided, linear) sharing one signature."""
 
 from handformer.attention.functional import scaled_dot_product_attention
 from handformer.attention.kinds import AttentionKind, FullAttention
@@ -9,6 +9,7 @@ from handformer.attention.linear import (
     linear_attention_step,
 )
 from handformer.attention.local import LocalAttention, local_attention
+from handformer.attention.sinks import SinkAttention, SinkWindowKVCache, sink_attention
 from handformer.attention.sparse import StridedAttention, strided_attention
 
 __all__ = [
@@ -17,6 +18,9 @@ __all__ = [
     "FullAttention",
     "local_attention",
     "LocalAttention",
+    "sink_attention",
+    "SinkAttention",
+    "SinkWindowKVCache",
     "strided_attention",
     "StridedAttention",
     "linear_attention",

@@ -544,8 +544,10 @@ def cache_for(attention: AttentionKind, *, capacity: int | None = None,
               static: bool = False) -> LayerCache:
     """The cache an attention kind needs for decoding.
 
-    Local attention gets a :class:`WindowKVCache` (with ``static=True``, a causal local kind
-    a :class:`StaticKVCache` with its window), linear attention a
+    A kind with a ``new_cache(capacity=..., static=...)`` method makes its own
+    (:class:`~handformer.attention.sinks.SinkAttention`). Local attention gets a
+    :class:`WindowKVCache` (with ``static=True``, a causal local kind a
+    :class:`StaticKVCache` with its window), linear attention a
     :class:`LinearStateCache` (both of a fixed size already), full attention a
     :class:`KVCache` (a :class:`StaticKVCache` with ``static=True``), every other kind
     (strided, ...) a :class:`KVCache`.
@@ -564,6 +566,9 @@ def cache_for(attention: AttentionKind, *, capacity: int | None = None,
         raise TypeError(f"attention must be an attention kind, got {type(attention).__name__}")
     if static and capacity is None:
         raise ValueError("static=True needs a capacity (the most tokens the cache will hold)")
+    make = getattr(attention, "new_cache", None)
+    if callable(make):  # a kind that knows its own cache (SinkAttention)
+        return make(capacity=capacity, static=static)
     if isinstance(attention, LocalAttention):
         if static and attention.causal:  # a decoder's sliding-window layer, compiled
             return StaticKVCache(capacity, window_size=attention.window_size,

@@ -8,7 +8,9 @@ Writes into ``--out`` (default ``./attention/``):
 * ``index.html`` - the self-contained interactive viewer (no network);
 * with ``--rollout``: ``rollout.png`` - attention rollout, and the [CLS] row (a causal LM's
   last token) scored by raw attention, rollout and attention flow; index.html gets a
-  rollout view.
+  rollout view;
+* with ``--attribution`` (causal LMs): ``attribution.png`` and ``attribution_heads.png`` - the
+  top next token's logit split by component and by head.
 
 and prints the paths and one line per layer: the token that gets the most attention and the
 strongest link between two ordinary tokens. Notes (text cut to the model's limit, glyphs the
@@ -65,6 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rollout", action="store_true",
                         help="also write rollout.png (attention rollout and flow) and add a "
                              "rollout view to index.html")
+    parser.add_argument("--attribution", action="store_true",
+                        help="causal language models: also write attribution.png and "
+                             "attribution_heads.png, the top next token's logit split by "
+                             "component and by head (direct logit attribution)")
     add_device_argument(parser)
 
 
@@ -240,6 +246,9 @@ def run(args: argparse.Namespace) -> int:
                          "didn't cross the street because it was too tired\"")
     _check_pattern_flags(args)
     causal = _causal_folder(args.model)
+    if args.attribution and not causal:
+        raise UsageError("--attribution needs a causal language model (--model DIR of a GPT-2 "
+                         "or handformer train folder): it splits the next token's logit")
     if not causal:
         _kind(args)  # bad --window-size / --stride fail before the output folder is made
     device = resolve_device(args.device)
@@ -289,9 +298,17 @@ def run(args: argparse.Namespace) -> int:
                           note=f"{r.name} · {r.kind_text}", layer=layer, head=head,
                           rollout=rollout)
 
-    for path in (head_png, model_png, rollout_png, html_path):
+    attribution_pngs, attribution_line = [], None
+    if args.attribution:
+        from handformer.commands.viz_attribution import draw_attribution
+
+        attribution_pngs, attribution_line = draw_attribution(args.model, text, out,
+                                                              device=device, name=r.name)
+    for path in (head_png, model_png, rollout_png, *attribution_pngs, html_path):
         if path is not None:
             print(f"wrote {path}")
+    if attribution_line:
+        print(attribution_line)
     print(f"{L} tokens, {N} layer{'s' * (N != 1)} x {H} head{'s' * (H != 1)}; head.png shows "
           f"layer {layer}, head {head}")
     for s in summaries:

@@ -7,6 +7,9 @@ Every handformer model passes its intermediate tensors through named hook points
 :func:`attention_rollout` and :func:`attention_flow` follow attention down to the input tokens
 (Abnar & Zuidema 2020); :func:`faithfulness` sets them beside token ablation;
 :func:`logit_lens` and :func:`similarity_lens` read every layer in the output space.
+The cache's direct logit attribution (``cache.decompose_resid()``, ``cache.logit_attrs(...)``,
+:mod:`~handformer.inspect.attribution`), :func:`detect_heads` and
+:func:`attribution_patching` look inside causal language models.
 This package stands on the models and knows nothing of pictures (:mod:`handformer.viz`
 draws what it computes).
 """
@@ -18,6 +21,8 @@ from handformer.inspect.ablation import (
     head_means,
     patching_sweep,
 )
+from handformer.inspect.attr_patching import attribution_patching
+from handformer.inspect.detect import detect_heads, detection_pattern
 from handformer.inspect.faithfulness import Faithfulness, faithfulness, spearman
 from handformer.inspect.flow import attention_flow
 from handformer.inspect.lens import (
@@ -28,6 +33,13 @@ from handformer.inspect.lens import (
     similarity_lens,
 )
 from handformer.inspect.points import attention_layers, hook_names, hook_points
+from handformer.inspect.prompt import (
+    AnswerRank,
+    test_prompt,
+    to_single_token,
+    to_str_tokens,
+    to_tokens,
+)
 from handformer.inspect.rollout import attention_rollout, residual_attention
 from handformer.inspect.run import (
     ActivationCache,
@@ -52,6 +64,14 @@ __all__ = [
     "head_ablation_sweep",
     "head_means",
     "patching_sweep",
+    "attribution_patching",
+    "detect_heads",
+    "detection_pattern",
+    "test_prompt",
+    "AnswerRank",
+    "to_str_tokens",
+    "to_tokens",
+    "to_single_token",
     "attention_rollout",
     "residual_attention",
     "attention_flow",

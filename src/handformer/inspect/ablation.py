@@ -26,7 +26,8 @@ from handformer.hooks import HookFn
 from handformer.inspect.points import attention_layers, hook_points, select_names
 from handformer.inspect.run import _call, hooks, run_with_cache
 
-__all__ = ["head_ablation_hooks", "head_means", "head_ablation_sweep", "patching_sweep"]
+__all__ = ["head_ablation_hooks", "head_means", "head_ablation_sweep", "patching_sweep",
+           "patch_target", "over_pairs"]
 
 Inputs = Tensor | Mapping[str, Tensor]
 Metric = Callable[[Any], Tensor | float]
@@ -211,7 +212,9 @@ def head_ablation_sweep(model: nn.Module, inputs: Inputs, metric: Metric, *,
 
     Args:
         model: a handformer model (eval mode is the caller's choice).
-        inputs: the model's inputs: ``input_ids`` ``(B, L)`` or a tokenizer's output.
+        inputs: the model's inputs: ``input_ids`` ``(B, L)`` or a tokenizer's output; or a
+            list of them (one prompt each): the result is the mean over the prompts, shared
+            among the ranks under ``torchrun``.
         metric: ``metric(output) -> number`` (e.g. the cosine of two embeddings, a logit
             difference), computed on the output of ``inputs`` alone.
         mode: ``"zero"`` or ``"mean"`` (then ``means`` from :func:`head_means`).
@@ -227,6 +230,10 @@ def head_ablation_sweep(model: nn.Module, inputs: Inputs, metric: Metric, *,
         ValueError: for heads or layers out of range, a bad mode, ``batch_size`` or a metric
             that does not return one number.
     """
+    if isinstance(inputs, list):
+        return over_pairs(lambda x: head_ablation_sweep(
+            model, x, metric, mode=mode, means=means, heads=heads, batch_size=batch_size,
+            progress=False, prefix=prefix), inputs, None, progress, "ablating heads")
     N, H = _shape(model, prefix)
     _check_mode(mode, means, N, H)
     todo = (_check_heads(heads, N, H) if heads is not None
@@ -246,21 +253,59 @@ def head_ablation_sweep(model: nn.Module, inputs: Inputs, metric: Metric, *,
     return result
 
 
-def patching_sweep(model: nn.Module, clean: Inputs, corrupted: Inputs, metric: Metric, *,
-                   hook: str = "z", batch_size: int = 16, progress: bool | None = None,
+# What patching_sweep / attribution_patching patch, per short hook name: the hook point under
+# ``blocks.{l}.``, the dim that is patched one index at a time (heads or positions) and what
+# those indices are.
+HEAD_HOOKS = {"z": ("attn.hook_z", 2), "result": ("attn.hook_result", 2),
+              "q": ("attn.hook_q", 1), "k": ("attn.hook_k", 1), "v": ("attn.hook_v", 1),
+              "pattern": ("attn.hook_pattern", 1)}
+POSITION_HOOKS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
+
+
+def patch_target(hook: str) -> tuple[str, int]:
+    """``(hook point under blocks.{l}., patched dim)`` of a short hook name.
+
+    Raises:
+        ValueError: for an unknown name.
+    """
+    if hook in HEAD_HOOKS:
+        return HEAD_HOOKS[hook]
+    if hook in POSITION_HOOKS:
+        return f"hook_{hook}", 1
+    raise ValueError(f"hook must be one of {tuple(HEAD_HOOKS) + POSITION_HOOKS}, got {hook!r}")
+
+
+def check_pair(clean: Inputs, corrupted: Inputs) -> None:
+    """Clean and corrupted inputs must have the same shapes."""
+    shapes = [{k: tuple(v.shape) for k, v in x.items()} if isinstance(x, Mapping)
+              else tuple(x.shape) for x in (clean, corrupted)]
+    if shapes[0] != shapes[1]:
+        raise ValueError(f"clean and corrupted inputs must have the same shapes (one "
+                         f"activation replaces the other), got {shapes[0]} and {shapes[1]}")
+
+
+def patching_sweep(model: nn.Module, clean: Inputs | list[Inputs],
+                   corrupted: Inputs | list[Inputs], metric: Metric, *, hook: str = "z",
+                   batch_size: int = 16, progress: bool | None = None,
                    prefix: str = "") -> Tensor:
     """Activation patching: the change of ``metric`` on the corrupted run when one piece of
     the clean run's activations is put in its place.
 
-    ``hook="z"`` patches one head's output ``blocks.{l}.attn.hook_z[:, :, h]`` at a time:
-    ``(num_layers, num_heads)``. A residual-stream hook (``"resid_pre"``, ``"resid_mid"``,
-    ``"resid_post"``, ``"attn_out"``, ``"mlp_out"``) patches one position at a time:
-    ``(num_layers, L)``.
+    Per head, ``(num_layers, heads)``: ``hook="z"`` (a query head's output before
+    ``out_proj``), ``"result"`` (its output in model space), ``"q"`` and ``"pattern"`` (per
+    query head), ``"k"`` and ``"v"`` (per key/value head: with grouped-query attention
+    ``(num_layers, num_kv_heads)``, and patching one KV head changes every query head that
+    shares it). Per position, ``(num_layers, L)``: a residual-stream hook (``"resid_pre"``,
+    ``"resid_mid"``, ``"resid_post"``, ``"attn_out"``, ``"mlp_out"``) patches one position
+    at a time. Patching a query head (``z``, ``q``, ``pattern``, ``result``) leaves the KV
+    head the other query heads share as it is.
 
     Args:
         model: a handformer model.
-        clean: inputs of the clean run.
-        corrupted: inputs of the corrupted run, of the same shapes.
+        clean: inputs of the clean run, or a list of them (one prompt each).
+        corrupted: inputs of the corrupted run, of the same shapes (a list of the same
+            length for a list: the result is the mean over the pairs, shared among the ranks
+            under ``torchrun``).
         metric: ``metric(output) -> number``.
         hook: which activation to patch (short name, see above).
         batch_size: patches per forward pass.
@@ -273,30 +318,24 @@ def patching_sweep(model: nn.Module, clean: Inputs, corrupted: Inputs, metric: M
     Raises:
         ValueError: for inputs of different shapes or an unknown ``hook``.
     """
-    resid = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
-    if hook != "z" and hook not in resid:
-        raise ValueError(f"hook must be 'z' or one of {resid}, got {hook!r}")
-    shapes = [{k: tuple(v.shape) for k, v in x.items()} if isinstance(x, Mapping)
-              else tuple(x.shape) for x in (clean, corrupted)]
-    if shapes[0] != shapes[1]:
-        raise ValueError(f"clean and corrupted inputs must have the same shapes (one "
-                         f"activation replaces the other), got {shapes[0]} and {shapes[1]}")
-    N, H = _shape(model, prefix)
-    where = "attn.hook_z" if hook == "z" else f"hook_{hook}"
+    where, dim = patch_target(hook)
+    if isinstance(clean, list):
+        return over_pairs(lambda c, x: patching_sweep(
+            model, c, x, metric, hook=hook, batch_size=batch_size, progress=False,
+            prefix=prefix), clean, corrupted, progress, "patching")
+    check_pair(clean, corrupted)
+    N, _ = _shape(model, prefix)
     pattern = f"{prefix}blocks.*.{where}"
     select_names(hook_points(model), pattern)  # a KeyError naming it if the model lacks it
     with torch.no_grad():
         _, cache = run_with_cache(model, clean, names=pattern)
         base = _metric_value(metric, _call(model, (corrupted,), {}))
-    L = next(iter(cache.values())).shape[1]
-    cols = H if hook == "z" else L
+    cols = next(iter(cache.values())).shape[dim]
 
     def patch(rows: Tensor, source: Tensor, col: int) -> Tensor:
         rows = rows.clone()
-        if hook == "z":
-            rows[:, :, col] = source[:, :, col]  # (B, L, H, D): one head
-        else:
-            rows[:, col] = source[:, col]  # (B, L, E): one position
+        index = (slice(None),) * dim + (col,)
+        rows[index] = source[index]  # one head (or position) of every sequence
         return rows
 
     edits: list[Edit] = []
@@ -307,3 +346,33 @@ def patching_sweep(model: nn.Module, clean: Inputs, corrupted: Inputs, metric: M
     values = _sweep(model, corrupted, metric, edits, batch_size=batch_size,
                     progress=progress, desc="patching")
     return torch.tensor(values, dtype=torch.float64).reshape(N, cols) - base  # (N, cols)
+
+
+def over_pairs(run: Callable[..., Tensor], first: list, second: list | None,
+               progress: bool | None, desc: str) -> Tensor:
+    """The mean of ``run(a)`` (or ``run(a, b)``) over a list of prompts (pairs), each rank
+    of a ``torchrun`` job taking its share (see :mod:`handformer.inspect.shares`).
+
+    Raises:
+        ValueError: for an empty list, or two lists of different lengths.
+    """
+    from handformer.inspect.shares import my_share, progress_bar, reduce_sum
+
+    if not first:
+        raise ValueError("the list of prompts is empty")
+    if second is not None and (not isinstance(second, list) or len(second) != len(first)):
+        got = len(second) if isinstance(second, list) else type(second).__name__
+        raise ValueError(f"clean and corrupted must be lists of the same length for a sweep "
+                         f"over prompts, got {len(first)} and {got}")
+    items = list(first) if second is None else list(zip(first, second, strict=True))
+    total: Tensor | None = None
+    mine = my_share(items)
+    with progress_bar(len(mine), desc, progress) as bar:
+        for _, item in mine:
+            value = run(item) if second is None else run(*item)
+            total = value.double() if total is None else total + value.double()
+            bar.update(1)
+    if total is None:  # more ranks than prompts: this rank measured nothing
+        value = run(items[0]) if second is None else run(*items[0])
+        total = torch.zeros_like(value, dtype=torch.float64)
+    return reduce_sum(total) / len(items)

@@ -1,5 +1,6 @@
 """Which heads matter (``handformer heads``): for the similarity of two sentences (an
-encoder), or for a causal LM's log-probability of a continuation.
+encoder), for a causal LM's log-probability of a continuation, or for its preference of one
+next token over another (the logit difference).
 
 Shape letters: ``N`` layers, ``H`` heads.
 """
@@ -16,7 +17,7 @@ from handformer.pretrained.bert import BertModel
 from handformer.pretrained.pooling import SentencePooling
 from handformer.pretrained.tokenizer import BertTokenizer
 
-__all__ = ["HeadEffects", "pair_similarity_effects", "continuation_effects"]
+__all__ = ["HeadEffects", "pair_similarity_effects", "continuation_effects", "logit_diff_effects"]
 
 
 @dataclass
@@ -134,3 +135,46 @@ def continuation_effects(model: nn.Module, tokenizer: object, prompt: str, conti
     with torch.no_grad():
         clean = float(logprob(model(ids)))
     return HeadEffects(effects, clean, "log-probability of the continuation", mode)
+
+
+def logit_diff_effects(model: nn.Module, tokenizer: object, prompt: str, answer: str,
+                       wrong: str, *, mode: str = "zero", batch_size: int = 16,
+                       progress: bool | None = None) -> HeadEffects:
+    """The change of ``logit(answer) - logit(wrong)`` after ``prompt`` when each head of a
+    causal LM is ablated alone.
+
+    Args:
+        model: a causal LM (put in eval mode for the sweep).
+        tokenizer: its tokenizer (the protocol: ``encode``, ``decode``).
+        prompt: the text before the next token.
+        answer, wrong: two texts of one token each (``" Mary"``, ``" John"``).
+        mode: ``"zero"``, or ``"mean"`` (each head's mean output over the prompt).
+        batch_size: ablations per forward pass.
+        progress: show a progress bar (default: on a terminal, for long sweeps).
+
+    Returns:
+        :class:`HeadEffects` of the logit difference.
+
+    Raises:
+        ValueError: for an empty prompt, an answer or wrong token that is not one token, or an
+            unknown mode.
+    """
+    from handformer.inspect.prompt import to_single_token, to_tokens
+
+    if not prompt.strip():
+        raise ValueError("the prompt is empty")
+    right_id, wrong_id = to_single_token(tokenizer, answer), to_single_token(tokenizer, wrong)
+    model.eval()
+    device = next(model.parameters()).device
+    ids = to_tokens(tokenizer, prompt).to(device)  # (1, L)
+
+    def logit_diff(out: object) -> Tensor:
+        last = out.logits[:, -1]  # (B, V)
+        return (last[:, right_id] - last[:, wrong_id]).mean()
+
+    means = head_means(model, ids) if mode == "mean" else None
+    effects = head_ablation_sweep(model, ids, logit_diff, mode=mode, means=means,
+                                  batch_size=batch_size, progress=progress)
+    with torch.no_grad():
+        clean = float(logit_diff(model(ids)))
+    return HeadEffects(effects, clean, f"logit({answer!r}) - logit({wrong!r})", mode)

@@ -12,13 +12,15 @@ in the calling thread or asyncio task only (see :mod:`handformer.hooks`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from torch import Tensor, nn
 
 from handformer.hooks import HookFn, HookPoint, active_hooks
+from handformer.inspect import attribution
 from handformer.inspect.points import (
     NameSpec,
     hook_points,
@@ -28,17 +30,20 @@ from handformer.inspect.points import (
 
 __all__ = ["hooks", "run_with_hooks", "run_with_cache", "ActivationCache", "short_name"]
 
+PosSlice = int | slice | Sequence[int] | Tensor | None
 HookSpec = Mapping[str, HookFn | list[HookFn] | tuple[HookFn, ...]]
 
 # TransformerLens-style short names: cache["pattern", 3] = cache["blocks.3.attn.hook_pattern"].
-_ATTN = ("q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z")
-_MLP = ("pre", "post")
+_ATTN = ("q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z", "result")
+_MLP = ("pre", "pre_linear", "post")
 _BLOCK = ("resid_pre", "resid_mid", "resid_mid_cross", "resid_post", "attn_out",
           "cross_attn_out", "mlp_out")
+_NORMS = ("ln1", "ln2", "ln1_post", "ln2_post")
 
 
-def short_name(short: str, layer: int | None = None) -> str:
-    """``("pattern", 3)`` -> ``"blocks.3.attn.hook_pattern"``; ``"embed"`` -> ``"hook_embed"``.
+def short_name(short: str, layer: int | None = None, norm: str | None = None) -> str:
+    """``("pattern", 3)`` -> ``"blocks.3.attn.hook_pattern"``; ``"embed"`` -> ``"hook_embed"``;
+    ``("scale", 3, "ln1")`` -> ``"blocks.3.ln1.hook_scale"``; ``"scale"`` -> the final norm's.
 
     Raises:
         KeyError: for an unknown short name, or a per-layer name without a layer.
@@ -48,13 +53,18 @@ def short_name(short: str, layer: int | None = None) -> str:
             return f"hook_{short}"
         if short in ("normalized", "ln_final"):
             return "ln_final.hook_normalized"
-    else:
+        if short == "scale":
+            return "ln_final.hook_scale"
+    elif short in ("scale", "normalized") and norm in _NORMS:
+        return f"blocks.{layer}.{norm}.hook_{short}"
+    elif norm is None:
         for group, where in ((_ATTN, "attn."), (_MLP, "mlp."), (_BLOCK, "")):
             if short in group:
                 return f"blocks.{layer}.{where}hook_{short}"
     known = ", ".join(_ATTN + _MLP + _BLOCK)
     raise KeyError(f"unknown short hook name {short!r} (layer {layer}); per-layer names are "
-                   f"{known}; model-level: embed, pos_embed, normalized")
+                   f"{known}, and ('scale', layer, one of {_NORMS}); model-level: embed, "
+                   "pos_embed, normalized, scale")
 
 
 def _registry(model: nn.Module, spec: HookSpec) -> dict[HookPoint, tuple[tuple[str, HookFn], ...]]:
@@ -121,18 +131,46 @@ def run_with_hooks(model: nn.Module, *args: Any, hooks: HookSpec, **kwargs: Any)
 
 
 class ActivationCache(Mapping[str, Tensor]):
-    """Activations by hook name, as :func:`run_with_cache` kept them.
+    """Activations by hook name, as :func:`run_with_cache` kept them; it knows its model.
 
     ``cache["blocks.0.attn.hook_pattern"]`` or, TransformerLens style,
-    ``cache["pattern", 0]``; :meth:`stack` stacks one name over the layers.
+    ``cache["pattern", 0]`` (negative layers count from the end: ``cache["pattern", -1]``),
+    ``cache["scale", 0, "ln1"]``; :meth:`stack` stacks one name over the layers.
+
+    Direct logit attribution (:mod:`handformer.inspect.attribution`, TransformerLens' names):
+    :meth:`accumulated_resid`, :meth:`decompose_resid`, :meth:`stack_head_results`,
+    :meth:`apply_ln_to_stack`, :meth:`logit_attrs`, :meth:`logit_bias`,
+    :meth:`tokens_to_residual_directions`.
+
+    Attributes:
+        model: the model that was run (None for a cache built by hand).
+        num_layers: the number of blocks ``blocks.{i}`` among the hook names.
     """
 
-    def __init__(self, tensors: dict[str, Tensor], all_names: list[str]) -> None:
+    def __init__(self, tensors: dict[str, Tensor], all_names: list[str],
+                 model: nn.Module | None = None) -> None:
         self._tensors = tensors
         self._all_names = all_names
+        self.model = model
+        layers = [int(m.group(1)) for n in all_names
+                  if (m := re.match(r"blocks\.(\d+)\.", n))]
+        self.num_layers = max(layers) + 1 if layers else 0
 
-    def __getitem__(self, key: str | tuple[str, int]) -> Tensor:
-        name = short_name(*key) if isinstance(key, tuple) else key
+    def _layer(self, layer: int) -> int:
+        """A layer index with negative values counted from the end."""
+        N = self.num_layers
+        if isinstance(layer, bool) or not isinstance(layer, int) or not -N <= layer < N:
+            raise KeyError(f"layer {layer!r} is out of range: the model has {N} "
+                           f"layer{'s' * (N != 1)}, valid layers are 0..{N - 1} (or -{N}..-1)")
+        return layer % N
+
+    def __getitem__(self, key: str | tuple) -> Tensor:
+        if isinstance(key, tuple):
+            if len(key) >= 2 and key[1] is not None:
+                key = (key[0], self._layer(key[1]), *key[2:])
+            name = short_name(*key)
+        else:
+            name = key
         if name in self._tensors:
             return self._tensors[name]
         if name in self._all_names:
@@ -163,6 +201,54 @@ class ActivationCache(Mapping[str, Tensor]):
 
     def __repr__(self) -> str:
         return f"ActivationCache({len(self)} of {len(self._all_names)} hook points)"
+
+    # ---- direct logit attribution (handformer.inspect.attribution) ----------------------
+
+    def accumulated_resid(self, layer: int | None = None, *, incl_mid: bool = False,
+                          apply_ln: bool = False, pos_slice: PosSlice = None,
+                          mlp_input: bool = False, return_labels: bool = False) -> Any:
+        """See :func:`handformer.inspect.attribution.accumulated_resid`."""
+        return attribution.accumulated_resid(
+            self, layer, incl_mid=incl_mid, apply_ln=apply_ln, pos_slice=pos_slice,
+            mlp_input=mlp_input, return_labels=return_labels)
+
+    def decompose_resid(self, layer: int | None = None, *, mlp_input: bool = False,
+                        mode: str = "all", apply_ln: bool = False, pos_slice: PosSlice = None,
+                        incl_embeds: bool = True, return_labels: bool = False) -> Any:
+        """See :func:`handformer.inspect.attribution.decompose_resid`."""
+        return attribution.decompose_resid(
+            self, layer, mlp_input=mlp_input, mode=mode, apply_ln=apply_ln,
+            pos_slice=pos_slice, incl_embeds=incl_embeds, return_labels=return_labels)
+
+    def stack_head_results(self, layer: int | None = None, *, return_labels: bool = False,
+                           incl_remainder: bool = False, pos_slice: PosSlice = None,
+                           apply_ln: bool = False) -> Any:
+        """See :func:`handformer.inspect.attribution.stack_head_results`."""
+        return attribution.stack_head_results(
+            self, layer, return_labels=return_labels, incl_remainder=incl_remainder,
+            pos_slice=pos_slice, apply_ln=apply_ln)
+
+    def apply_ln_to_stack(self, stack: Tensor, layer: int | None = None, *,
+                          mlp_input: bool = False, pos_slice: PosSlice = None,
+                          recompute: bool = False) -> Tensor:
+        """See :func:`handformer.inspect.attribution.apply_ln_to_stack`."""
+        return attribution.apply_ln_to_stack(self, stack, layer, mlp_input=mlp_input,
+                                             pos_slice=pos_slice, recompute=recompute)
+
+    def logit_attrs(self, stack: Any, tokens: Any, incorrect_tokens: Any = None,
+                    pos_slice: PosSlice = None, *, incl_bias: bool = False) -> Any:
+        """See :func:`handformer.inspect.attribution.logit_attrs`."""
+        return attribution.logit_attrs(self, stack, tokens, incorrect_tokens, pos_slice,
+                                       incl_bias=incl_bias)
+
+    def logit_bias(self, tokens: Any, incorrect_tokens: Any = None,
+                   pos_slice: PosSlice = None) -> Tensor:
+        """See :func:`handformer.inspect.attribution.logit_bias`."""
+        return attribution.logit_bias(self, tokens, incorrect_tokens, pos_slice)
+
+    def tokens_to_residual_directions(self, tokens: Any) -> Tensor:
+        """See :func:`handformer.inspect.attribution.tokens_to_residual_directions`."""
+        return attribution.tokens_to_residual_directions(self.model, tokens)
 
 
 def run_with_cache(model: nn.Module, *args: Any, names: NameSpec = None, detach: bool = True,
@@ -198,4 +284,4 @@ def run_with_cache(model: nn.Module, *args: Any, names: NameSpec = None, detach:
     with active_hooks(registry):
         out = _call(model, args, kwargs)
     ordered = {n: store[n] for n in chosen if n in store}
-    return out, ActivationCache(ordered, list(points))
+    return out, ActivationCache(ordered, list(points), model)

@@ -10,6 +10,7 @@ Routes::
     POST /api/run          attention (viewer data) + similarity / next token
     POST /api/ablate       effect of ablating heads
     POST /api/rollout      attention rollout (viewer data)
+    POST /api/attribution  causal models: the next token's logit by component and by head
     POST /api/generate     causal models: JSON lines, one per new token (one at a time per
                            client address: a second gets 429)
 
@@ -30,6 +31,7 @@ import json
 import warnings
 
 from handformer.serve import compute
+from handformer.serve.attribution import attribution
 from handformer.serve.generation import Generation
 from handformer.serve.page import build_page, example_text, static_files
 from handformer.serve.registry import ModelLoadError, ModelRegistry
@@ -314,6 +316,8 @@ def create_app(state: ModelState | ModelRegistry, *, allowed_hosts: set[str] | N
         Route("/api/rollout", endpoint("/api/rollout", compute.rollout, weights=True),
               methods=["POST"]),
         Route("/api/generate", generate, methods=["POST"]),
+        Route("/api/attribution", endpoint("/api/attribution", attribution, weights=False),
+              methods=["POST"]),
     ]
     app = Starlette(routes=routes, exception_handlers={
         RequestError: on_request_error, BodyTooLarge: on_too_large, ModelLoadError: on_load_error,

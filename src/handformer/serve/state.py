@@ -245,4 +245,4 @@ class ModelState:
                 "device": str(self.device),
                 "endpoints": ["/api/model", "/api/models", "/api/heads", "/api/run", "/api/ablate",
                               "/api/rollout"]
-                + (["/api/generate"] if self.causal else [])}
+                + (["/api/generate", "/api/attribution"] if self.causal else [])}

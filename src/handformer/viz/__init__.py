@@ -10,6 +10,8 @@
 * :func:`plot_rollout`, :func:`plot_faithfulness`, :func:`plot_logit_lens`,
   :func:`plot_similarity_lens` - pictures of what :mod:`handformer.inspect` computes;
   :func:`rollout_payload` - the rollout view of the HTML viewer (``save_html(rollout=...)``).
+* :func:`plot_logit_attribution` (per component or per head), :func:`plot_head_scores`
+  (layer x head) - direct logit attribution and head detectors of a causal LM.
 
 All of them accept what handformer models return: ``out.attentions`` (one ``(B, H, L, L)``
 tensor per layer), one layer's weights, or one head's ``(L, L)`` matrix.
@@ -24,6 +26,7 @@ from handformer.viz.inspect_plots import (
     plot_rollout,
     plot_similarity_lens,
 )
+from handformer.viz.llm_plots import plot_head_scores, plot_logit_attribution
 from handformer.viz.notebook import AttentionView
 from handformer.viz.rollout_view import rollout_payload
 
@@ -43,4 +46,6 @@ __all__ = [
     "plot_logit_lens",
     "plot_similarity_lens",
     "rollout_payload",
+    "plot_logit_attribution",
+    "plot_head_scores",
 ]
