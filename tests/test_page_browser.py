@@ -284,6 +284,8 @@ def test_model_picker_switches_and_reports_a_failed_load(driver, server):
     wait_for(driver, "return document.body.dataset.svError.includes('could not be loaded')",
              True, timeout=60)
     assert js(driver, "return document.getElementById('sv-model').value") == "lm"
+    assert "failed to load" in driver.find_element(By.CSS_SELECTOR,
+                                                   '#sv-model option[value="broken"]').text
     # back to the encoder: instant (already loaded), the grid is 6 x 12 again
     start = time.perf_counter()
     pick_model(driver, "all-MiniLM-L6-v2")
@@ -333,4 +335,31 @@ def test_screenshots_at_two_widths(driver, server, width, capsys):
           requestAnimationFrame(() => resolve(performance.now() - t0)));});""")
     with capsys.disabled():
         print(f"\n[page] {width} px: first paint {paint:.0f} ms after the answer arrived")
+    assert severe(driver) == []
+
+
+def test_logit_attribution_view(driver, server):
+    from selenium.webdriver.common.by import By
+
+    open_app(driver, server.url)
+    assert not driver.find_element(By.ID, "sv-attr-box").is_displayed()  # an encoder
+    pick_model(driver, "lm")
+    box = driver.find_element(By.ID, "sv-attr-box")
+    assert box.is_displayed()
+    box.find_element(By.TAG_NAME, "summary").click()
+    wait_for(driver, "return document.body.dataset.svAttribution || null", "1", timeout=60)
+    text = driver.find_element(By.ID, "sv-attr").text
+    assert text.startswith("Answer token ") and "Largest heads" in text
+    rows = driver.find_elements(By.CSS_SELECTOR, "#sv-attr table tr")
+    assert len(rows) >= 2 + 8  # two header rows, parts and heads
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        body = {"model": "lm", "text": js(driver, "return document.getElementById('sv-text')"
+                                                  ".value")}
+        r = c.post("/api/attribution", json=body).json()
+    assert f"logit {r['logit']:.3f}" in text
+    # ablating a head recomputes it
+    n = int(js(driver, "return document.body.dataset.svAttribution"))
+    driver.find_element(By.CSS_SELECTOR, '#sv-grid button[data-l="1"][data-h="0"]').click()
+    wait_for(driver, "return document.body.dataset.svAttribution", str(n + 1), timeout=60)
+    assert "with 1 head(s) ablated" in driver.find_element(By.ID, "sv-attr").text
     assert severe(driver) == []

@@ -53,6 +53,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_device_argument(parser)
 
 
+def _model_name(folder: str | None) -> str:
+    return "all-MiniLM-L6-v2" if folder is None else (Path(folder).resolve().name or folder)
+
+
+def _unknown_note(tokenizer: object, args: argparse.Namespace, *, encoder: bool) -> None:
+    """One ``note:`` line when the model does not read the texts' script."""
+    from handformer.pretrained.token_labels import (
+        ENCODER_ADVICE,
+        LM_ADVICE,
+        texts_unknown_notice,
+    )
+
+    texts = [t for t in (args.text_a, args.text_b) if t is not None]
+    unknown = texts_unknown_notice(tokenizer, texts, model=_model_name(args.model),
+                                   advice=ENCODER_ADVICE if encoder else LM_ADVICE,
+                                   what="TEXT_A and TEXT_B" if len(texts) > 1 else "the prompt")
+    if unknown:
+        note(unknown)
+
+
 def _metric(args: argparse.Namespace) -> str:
     """``--metric``, or the one the model and ``--answer`` imply."""
     from handformer.commands.common import is_causal_model
@@ -94,22 +114,6 @@ def _check(args: argparse.Namespace) -> None:
                              else f"{name} is empty")
 
 
-def _model_name(folder: str | None) -> str:
-    return "all-MiniLM-L6-v2" if folder is None else (Path(folder).resolve().name or folder)
-
-
-def _unknown_note(tokenizer: object, args: argparse.Namespace, advice: str) -> None:
-    """One ``note:`` line when the model does not read the texts' script."""
-    from handformer.pretrained.token_labels import texts_unknown_notice
-
-    texts = [t for t in (args.text_a, args.text_b) if t is not None]
-    what = "TEXT_A and TEXT_B" if len(texts) == 2 else "the prompt"
-    unknown = texts_unknown_notice(tokenizer, texts, advice=advice, what=what,
-                                   model=_model_name(args.model))
-    if unknown:
-        note(unknown)
-
-
 def run(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise UsageError(f"--top must be at least 1, got {args.top}")
@@ -117,7 +121,6 @@ def run(args: argparse.Namespace) -> int:
         _check(args)  # the flags first, before the model's config is read
     args.metric = _metric(args)
     _check(args)
-    from handformer.pretrained.token_labels import ENCODER_ADVICE, LM_ADVICE
     from handformer.viz.head_effects import plot_head_effects
     from handformer.viz.heatmap import save_figure
 
@@ -128,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
 
         model, tokenizer = load_bert(args.model)
         model.to(device)
-        _unknown_note(tokenizer, args, ENCODER_ADVICE)
+        _unknown_note(tokenizer, args, encoder=True)
         result = pair_similarity_effects(model, tokenizer, args.text_a, args.text_b,
                                          mode=args.mode)
         label, what = f"change in cosine ({args.mode} ablation)", "cosine similarity"
@@ -139,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
 
         model, tokenizer = load_model_and_tokenizer(args.model, command="heads")
         model.to(device)
-        _unknown_note(tokenizer, args, LM_ADVICE)
+        _unknown_note(tokenizer, args, encoder=False)
         result = continuation_effects(model, tokenizer, args.text_a, args.text_b,
                                       mode=args.mode)
         label = f"change in log p(TEXT_B | TEXT_A) ({args.mode} ablation)"
@@ -151,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
 
         model, tokenizer = load_model_and_tokenizer(args.model, command="heads")
         model.to(device)
-        _unknown_note(tokenizer, args, LM_ADVICE)
+        _unknown_note(tokenizer, args, encoder=False)
         try:
             result = logit_diff_effects(model, tokenizer, args.text_a, args.answer,
                                         args.wrong, mode=args.mode)

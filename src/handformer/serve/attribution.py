@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from handformer.serve.compute import _header, ablated, encode, visible
+from handformer.pretrained.token_labels import token_labels
+from handformer.serve.compute import _header, ablated, request_input
 from handformer.serve.state import ModelState
 from handformer.serve.validation import RequestError, RunRequest
 
@@ -34,7 +35,7 @@ def attribution(state: ModelState, req: RunRequest) -> dict[str, object]:
         raise RequestError(None, f"{state.name} is an encoder; /api/attribution needs a causal "
                                  "language model (it splits the next token's logit)")
     model = state.variant(req.attention)
-    enc = encode(state, req.text)
+    enc = request_input(state, req)  # text, or the token ids a generation made
     with torch.inference_mode(), ablated(model, req.heads):
         out, cache = run_with_cache(model, **enc.batch)
     token = int(out.logits[0, -1].argmax())
@@ -44,8 +45,8 @@ def attribution(state: ModelState, req: RunRequest) -> dict[str, object]:
     head_attrs, head_labels = cache.logit_attrs(heads, token, pos_slice=-1, incl_bias=True)
     grid, rest = head_grid(head_attrs[:, 0].double().numpy(), head_labels)
     return _header(state, req) | {
-        "tokens": enc.tokens, "notices": [enc.notice] if enc.notice else [],
-        "token": {"id": token, "token": visible(state.tokenizer.decode([token]))},
+        "tokens": enc.tokens, "notices": enc.notices,
+        "token": {"id": token, "token": token_labels(state.tokenizer, [token])[0]},
         "logit": float(layer_attrs[:, 0].sum()),
         "components": {"labels": layer_labels,
                        "values": [float(v) for v in layer_attrs[:, 0]]},

@@ -552,6 +552,7 @@
       applyInfo(next, true);
       await run({ first: true });
     } catch (err) {
+      await fillModels();  // the failed model is marked in the picker
       $("sv-model").value = previous;
       status(err.message, true);
     }
