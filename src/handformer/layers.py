@@ -33,6 +33,12 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu": F.gelu,  # exact erf form (BERT's "gelu")
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's "gelu_new"
 }
+# The same functions, overwriting their input (see FeedForward.forward for when).
+_IN_PLACE: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": torch.relu_,
+    "gelu": torch.ops.aten.gelu_,
+    "gelu_tanh": lambda x: torch.ops.aten.gelu_(x, approximate="tanh"),
+}
 
 
 def check_attention(attention: object) -> AttentionKind:
@@ -271,9 +277,33 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``(B, L, E)`` -> ``(B, L, E)``; hook points ``hook_pre`` / ``hook_post``
-        ``(B, L, d_ff)`` before and after the activation."""
+        ``(B, L, d_ff)`` before and after the activation.
+
+        Without autograd (``torch.no_grad``, ``inference_mode``, frozen weights) the
+        activation overwrites ``linear1``'s output instead of allocating a second
+        ``(B, L, d_ff)`` tensor, unless a hook reads ``hook_pre`` (it may keep that tensor).
+        On the CPU each such tensor is fresh memory from the system allocator (tens of MB for
+        a batch): one instead of two per layer is what keeps a padded BERT batch at or above
+        transformers' speed (benchmarks/bench_embed.py).
+        """
         h = self.hook_pre(self.linear1(x))  # (B, L, d_ff)
-        return self.linear2(self.dropout(self.hook_post(self.activation(h))))
+        if self._may_overwrite(h):
+            h = _IN_PLACE[self.activation_name](h)
+        else:
+            h = self.activation(h)
+        return self.linear2(self.dropout(self.hook_post(h)))
+
+    def _may_overwrite(self, h: Tensor) -> bool:
+        """Whether nothing else can hold ``linear1``'s output ``h``: no autograd, no hook on
+        ``hook_pre``, no PyTorch forward hook on ``linear1`` (or a global one), not compiling.
+        """
+        if h.requires_grad or self.hook_pre.listening() or torch.compiler.is_compiling():
+            return False
+        if self.linear1._forward_hooks or self.activation is not ACTIVATIONS.get(
+                self.activation_name):
+            return False
+        module = torch.nn.modules.module
+        return not getattr(module, "_global_forward_hooks", None)
 
 
 class EncoderLayer(nn.Module):
