@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handformer.attention.kinds import AttentionKind, FullAttention
+from handformer.attention.registry import attention_kind
 from handformer.checks import check_dropout, check_positive_int
 from handformer.hooks import HookError, HookPoint
 
@@ -42,11 +43,19 @@ _IN_PLACE: dict[str, Callable[[Tensor], Tensor]] = {
 
 
 def check_attention(attention: object) -> AttentionKind:
-    """Return ``attention`` if it is an :class:`AttentionKind` instance, else raise."""
+    """Return ``attention`` as an :class:`AttentionKind`, else raise.
+
+    A name (``"full"``, ``"local"``, ``"strided"``, ``"linear"``) is built by
+    :func:`~handformer.attention.attention_kind` with its default options (window 5, stride 3
+    and one global token); pass ``attention_kind("local", window_size=7)`` for others.
+    """
+    if isinstance(attention, str):
+        return attention_kind(attention)
     if not isinstance(attention, AttentionKind):
         raise TypeError(
             "attention must be an attention kind such as FullAttention(), LocalAttention(w), "
-            f"StridedAttention(s) or LinearAttention(), got {type(attention).__name__}"
+            "StridedAttention(s) or LinearAttention(), or one of the names 'full', 'local', "
+            f"'strided', 'linear', got {type(attention).__name__}"
         )
     return attention
 
@@ -75,7 +84,8 @@ class MultiHeadAttention(nn.Module):
         bias: add biases to the four projections.
         kdim: feature dim of ``key`` inputs (default ``d_model``).
         vdim: feature dim of ``value`` inputs (default ``d_model``).
-        attention: the attention kind (default :class:`FullAttention`).
+        attention: the attention kind (default :class:`FullAttention`), or its name
+            (``"local"``..., see :func:`~handformer.attention.attention_kind`).
         rotary: optional rotary position embedding applied to ``q`` and ``k`` after the
             head split (``handformer.RotaryEmbedding(head_dim)``), called as
             ``rotary(q, k, positions)``.
@@ -96,7 +106,7 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
                  kdim: int | None = None, vdim: int | None = None,
-                 attention: AttentionKind | None = None,
+                 attention: AttentionKind | str | None = None,
                  rotary: nn.Module | None = None) -> None:
         super().__init__()
         check_positive_int("d_model", d_model)
@@ -323,7 +333,7 @@ class EncoderLayer(nn.Module):
         norm_first: pre-LN when True, post-LN when False.
         layer_norm_eps: LayerNorm epsilon.
         bias: biases in the linear layers and LayerNorms.
-        attention: the attention kind (default full).
+        attention: the attention kind (default full), or its name.
 
     Hook points: ``hook_resid_pre`` (the layer's input), ``hook_attn_out`` (the attention
     sublayer's output, as added to the residual), ``hook_resid_mid`` (the residual after
@@ -337,7 +347,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, d_model: int, num_heads: int, d_ff: int, *, dropout: float = 0.1,
                  activation: str = "relu", norm_first: bool = False,
                  layer_norm_eps: float = 1e-5, bias: bool = True,
-                 attention: AttentionKind | None = None) -> None:
+                 attention: AttentionKind | str | None = None) -> None:
         super().__init__()
         attn_dropout = attention_dropout(dropout, attention)
         self.d_model = d_model

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from handformer.attention.cache import DecodingCache, cache_for
+from handformer.checks import mkstemp_beside
 from handformer.decoder_layer import DecoderLayer
 from handformer.hooks import HookPoint
 from handformer.layers import Dropout
@@ -372,8 +372,7 @@ def read_config(path: Path) -> CausalLMConfig:
 
 def _atomic_write(path: Path, write: object) -> None:
     """Call ``write(tmp_path)`` then rename the temporary file over ``path``."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp = mkstemp_beside(path)  # a missing folder is named, not the temporary file
     try:
         write(Path(tmp))  # type: ignore[operator]
         os.replace(tmp, path)

@@ -30,7 +30,11 @@ import torch
 from torch import Tensor, nn
 
 from handformer.models.causal_lm import CausalLM, CausalLMConfig
-from handformer.pretrained.folders import read_config_json, resolve_checkpoint_dir
+from handformer.pretrained.folders import (
+    check_device,
+    read_config_json,
+    resolve_checkpoint_dir,
+)
 from handformer.pretrained.text_tokenizer import TextTokenizer, missing_tokenizer_note
 from handformer.weights import load_safetensors, read_safetensors_header
 
@@ -189,12 +193,13 @@ def load_gpt2(path: str | os.PathLike, *, device: str | torch.device = "cpu",
             keys (every one listed, in the file's names); no model is returned.
         ValueError: for a config that is not GPT-2 or uses unsupported options, or tokenizer
             files that cannot be read.
-        TypeError: for a non-floating ``dtype``.
+        TypeError: for a non-floating ``dtype``, or a ``path`` or ``device`` of the wrong type.
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     if not isinstance(tokenizer, bool):
         raise TypeError(f"tokenizer must be True or False, got {tokenizer!r}")
+    check_device(device)
     folder, weights = resolve_checkpoint_dir(path)
     data = read_config_json(folder)
     config = gpt2_config(data)
