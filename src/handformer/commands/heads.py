@@ -30,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise UsageError(f"--top must be at least 1, got {args.top}")
+    if args.top > 2**31 - 1:
+        raise UsageError(f"--top must be at most 2147483647 (2**31 - 1), got {args.top}")
     for name, text in (("TEXT_A", args.text_a), ("TEXT_B", args.text_b)):
         if not text.strip():
             raise UsageError(f"{name} is empty; give two sentences")
