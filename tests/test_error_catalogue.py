@@ -156,6 +156,23 @@ def namespace(tmp: Path) -> dict[str, object]:
         """A tiny two-layer encoder (E=8, 2 heads)."""
         return hf.Encoder(hf.EncoderLayer(8, 2, 16, dropout=0.0), 2).eval()
 
+    states: dict[str, object] = {}
+
+    def serve_state(kind: str = "encoder") -> object:
+        """The server's ModelState on the tiny BERT ("encoder") or a tiny causal LM with a
+        character vocabulary ("causal"), built once."""
+        from handformer.serve.state import ModelState
+        from handformer.train.data import CharVocab
+
+        if kind not in states:
+            folder = bert_dir
+            if kind == "causal":
+                folder = tmp / "causal-lm"
+                lm(vocab_size=5).save_pretrained(folder)
+                CharVocab(list("abcd ")).save(folder / "vocab.json")
+            states[kind] = ModelState(folder)
+        return states[kind]
+
     existing_run = tmp / "existing-run"
     existing_run.mkdir()
     (existing_run / "train.json").write_text("{}")
@@ -164,10 +181,10 @@ def namespace(tmp: Path) -> dict[str, object]:
             "load_bert": load_bert, "load_gpt2": load_gpt2, "TrainConfig": TrainConfig,
             "train": train, "load_checkpoint": load_checkpoint, "checkpoint": checkpoint,
             "cli": cli, "tmp": tmp, "existing_run": existing_run, "json": json,
-            "inspect": inspect, "enc": enc}
+            "inspect": inspect, "enc": enc, "serve_state": serve_state}
 
 
-EXCEPTIONS = {"ValueError": ValueError, "TypeError": TypeError,
+EXCEPTIONS = {"ValueError": ValueError, "TypeError": TypeError, "OSError": OSError,
               "CheckpointError": CheckpointError, "FileNotFoundError": FileNotFoundError,
               "UserWarning": UserWarning, "exit": CLIExit, "KeyError": KeyError,
               "HookError": inspect.HookError}
