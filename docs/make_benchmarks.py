@@ -253,6 +253,16 @@ def section_embed(data: dict) -> list[str]:
     ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(1.01, 0.0))
     ax.set_title("all-MiniLM-L6-v2 embeddings")
     out += ["", f"![embedding throughput]({save(fig, 'bench_embed.png')})", ""]
+    padded = data.get("padded_forward")
+    if padded:
+        faults = padded.get("minor_page_faults_per_forward", {})
+        out += [f"`BertModel` forward under `torch.no_grad()` on {padded['batches']} padded "
+                f"batches of {padded['batch']} sentences of 15-50 words: throughput ratio "
+                f"{padded['ratio_median']:.2f} (median of {padded['rounds']} rounds; from "
+                f"{padded['ratio_min']:.2f} to {padded['ratio_max']:.2f} on this shared "
+                "machine). Minor page faults per forward: handformer "
+                f"{faults.get('handformer', float('nan')):.0f}, transformers "
+                f"{faults.get('transformers', float('nan')):.0f}.", ""]
     load_ = data.get("loading", {})
     if "handformer" in load_:
         h = load_["handformer"]

@@ -21,7 +21,8 @@ def qkv(q=(2, 4, 8), k=(2, 5, 8), v=(2, 5, 8), dtype=torch.float32):
     ((512, -2), {}, ValueError, "num_heads must be a positive integer, got -2"),
     ((512, 8), {"dropout": 1.0}, ValueError, "dropout must be a probability in [0, 1), got 1.0"),
     ((512, 8), {"dropout": -0.1}, ValueError, "dropout must be a probability in [0, 1)"),
-    ((512, 8), {"attention": "local"}, TypeError, "attention must be an attention kind"),
+    ((512, 8), {"attention": 42}, TypeError, "attention must be an attention kind"),
+    ((512, 8), {"attention": "sparse"}, ValueError, "attention must be one of full, local"),
 ])
 def test_mha_construction_errors(args, kwargs, exc, message):
     with pytest.raises(exc) as info:

@@ -216,6 +216,23 @@ def namespace(tmp: Path) -> dict[str, object]:
         model = SimpleNamespace(config=SimpleNamespace(vocab_size=23))
         return SimpleNamespace(causal=True, name="tiny-chat", tokenizer=tok, model=model)
 
+    states: dict[str, object] = {}
+
+    def serve_state(kind: str = "encoder") -> object:
+        """The server's ModelState on the tiny BERT ("encoder") or a tiny causal LM with a
+        character vocabulary ("causal"), built once."""
+        from handformer.serve.state import ModelState
+        from handformer.train.data import CharVocab
+
+        if kind not in states:
+            folder = bert_dir
+            if kind == "causal":
+                folder = tmp / "causal-lm"
+                lm(vocab_size=5).save_pretrained(folder)
+                CharVocab(list("abcd ")).save(folder / "vocab.json")
+            states[kind] = ModelState(folder)
+        return states[kind]
+
     existing_run = tmp / "existing-run"
     existing_run.mkdir()
     (existing_run / "train.json").write_text("{}")
@@ -229,10 +246,10 @@ def namespace(tmp: Path) -> dict[str, object]:
             "fam": fam, "folder_of": folder_of,
             "bad_gguf": bad_gguf, "read_gguf": read_gguf,
             "gguf_to_hf": gguf_to_hf, "shipped_path": shipped_path,
-            "registry": registry, "chat_state": chat_state}
+            "registry": registry, "chat_state": chat_state, "serve_state": serve_state}
 
 
-EXCEPTIONS = {"ValueError": ValueError, "TypeError": TypeError,
+EXCEPTIONS = {"ValueError": ValueError, "TypeError": TypeError, "OSError": OSError,
               "CheckpointError": CheckpointError, "FileNotFoundError": FileNotFoundError,
               "UserWarning": UserWarning, "exit": CLIExit, "KeyError": KeyError,
               "HookError": inspect.HookError, "RuntimeError": RuntimeError}

@@ -85,7 +85,9 @@ def test_streaming_prints_whole_characters_only() -> None:
 
 @pytest.mark.parametrize("extra, message", [
     (["--temperature", "0"], "temperature must be > 0 when sampling"),
-    (["--top-p", "1.5"], r"top_p must be in \(0, 1\]"),
+    (["--top-p", "1.5"], r"--top-p must be in \(0, 1\]"),
+    (["--temperature", "inf"], "--temperature must be a finite number > 0, got inf"),
+    (["--seed", "-1"], r"--seed must be an integer in 0..2\*\*63 - 1, got -1"),
     (["--max-new-tokens", "-2"], "--max-new-tokens must be an integer >= 0, got -2"),
     (["--max-new-tokens", "40"], "exceeds the context max_len=32"),
 ])

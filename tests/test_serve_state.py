@@ -54,7 +54,7 @@ def test_views_share_every_weight_and_leave_the_model_alone(state):
 
 def test_bad_attention_options_name_the_field(state):
     with pytest.raises(ValueError, match="^window_size: "):
-        parse_run({"text": "x", "attention": "local", "window_size": 99999}, state)
+        parse_run({"text": "x", "attention": "local", "window_size": 2**31 + 1}, state)
 
 
 def test_missing_starlette_names_the_extra(monkeypatch):

@@ -100,7 +100,7 @@ def test_long_text_is_truncated_with_a_notice(tmp_path, capsys):
      "--head 12 is out of range: the model has 12 heads per layer, valid values are 0..11"),
     ([SEED, "--out", "{tmp}/file"], "cannot write to --out {tmp}/file"),
     ([SEED, "--out", "{tmp}/file/sub"], "cannot write to --out {tmp}/file/sub"),
-    ([SEED, "--out", "{tmp}", "--attention", "local", "--window-size", "0"], "window_size"),
+    ([SEED, "--out", "{tmp}", "--attention", "local", "--window-size", "0"], "--window-size"),
     ([SEED, "--out", "{tmp}", "--model", "{tmp}/no-such-model"], "no checkpoint folder"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message):

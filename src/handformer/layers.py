@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from handformer.attention.functional import repeat_kv
 from handformer.attention.kinds import AttentionKind, FullAttention, attend_kind
+from handformer.attention.registry import attention_kind
 from handformer.checks import check_dropout, check_positive_int, check_scale
 from handformer.hooks import HookError, HookPoint
 from handformer.norms import LayerNorm, RMSNorm
@@ -38,14 +39,28 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's "gelu_new", Gemma's
     "silu": F.silu,  # x * sigmoid(x), Llama's SwiGLU gate
 }
+# The same functions, overwriting their input (see FeedForward.forward for when).
+_IN_PLACE: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": torch.relu_,
+    "gelu": torch.ops.aten.gelu_,
+    "gelu_tanh": lambda x: torch.ops.aten.gelu_(x, approximate="tanh"),
+}
 
 
 def check_attention(attention: object) -> AttentionKind:
-    """Return ``attention`` if it is an :class:`AttentionKind` instance, else raise."""
+    """Return ``attention`` as an :class:`AttentionKind`, else raise.
+
+    A name (``"full"``, ``"local"``, ``"strided"``, ``"linear"``) is built by
+    :func:`~handformer.attention.attention_kind` with its default options (window 5, stride 3
+    and one global token); pass ``attention_kind("local", window_size=7)`` for others.
+    """
+    if isinstance(attention, str):
+        return attention_kind(attention)
     if not isinstance(attention, AttentionKind):
         raise TypeError(
             "attention must be an attention kind such as FullAttention(), LocalAttention(w), "
-            f"StridedAttention(s) or LinearAttention(), got {type(attention).__name__}"
+            "StridedAttention(s) or LinearAttention(), or one of the names 'full', 'local', "
+            f"'strided', 'linear', got {type(attention).__name__}"
         )
     return attention
 
@@ -75,7 +90,8 @@ class MultiHeadAttention(nn.Module):
         bias: add biases to the four projections (the default of ``qkv_bias``/``out_bias``).
         kdim: feature dim of ``key`` inputs (default ``d_model``).
         vdim: feature dim of ``value`` inputs (default ``d_model``).
-        attention: the attention kind (default :class:`FullAttention`).
+        attention: the attention kind (default :class:`FullAttention`), or its name
+            (``"local"``..., see :func:`~handformer.attention.attention_kind`).
         rotary: optional rotary position embedding applied to ``q`` and ``k`` after the
             head split (``handformer.RotaryEmbedding(head_dim)``), called as
             ``rotary(q, k, positions)``.
@@ -121,7 +137,7 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True,
                  kdim: int | None = None, vdim: int | None = None,
-                 attention: AttentionKind | None = None,
+                 attention: AttentionKind | str | None = None,
                  rotary: nn.Module | None = None, num_kv_heads: int | None = None,
                  head_dim: int | None = None, qkv_bias: bool | None = None,
                  out_bias: bool | None = None, qk_norm: bool = False,
@@ -355,9 +371,33 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``(B, L, E)`` -> ``(B, L, E)``; hook points ``hook_pre`` / ``hook_post``
-        ``(B, L, d_ff)`` before and after the activation."""
+        ``(B, L, d_ff)`` before and after the activation.
+
+        Without autograd (``torch.no_grad``, ``inference_mode``, frozen weights) the
+        activation overwrites ``linear1``'s output instead of allocating a second
+        ``(B, L, d_ff)`` tensor, unless a hook reads ``hook_pre`` (it may keep that tensor).
+        On the CPU each such tensor is fresh memory from the system allocator (tens of MB for
+        a batch): one instead of two per layer is what keeps a padded BERT batch at or above
+        transformers' speed (benchmarks/bench_embed.py).
+        """
         h = self.hook_pre(self.linear1(x))  # (B, L, d_ff)
-        return self.linear2(self.dropout(self.hook_post(self.activation(h))))
+        if self._may_overwrite(h):
+            h = _IN_PLACE[self.activation_name](h)
+        else:
+            h = self.activation(h)
+        return self.linear2(self.dropout(self.hook_post(h)))
+
+    def _may_overwrite(self, h: Tensor) -> bool:
+        """Whether nothing else can hold ``linear1``'s output ``h``: no autograd, no hook on
+        ``hook_pre``, no PyTorch forward hook on ``linear1`` (or a global one), not compiling.
+        """
+        if h.requires_grad or self.hook_pre.listening() or torch.compiler.is_compiling():
+            return False
+        if self.linear1._forward_hooks or self.activation is not ACTIVATIONS.get(
+                self.activation_name):
+            return False
+        module = torch.nn.modules.module
+        return not getattr(module, "_global_forward_hooks", None)
 
 
 class GatedFeedForward(nn.Module):
@@ -427,7 +467,7 @@ class EncoderLayer(nn.Module):
         norm_first: pre-LN when True, post-LN when False.
         layer_norm_eps: LayerNorm epsilon.
         bias: biases in the linear layers and LayerNorms.
-        attention: the attention kind (default full).
+        attention: the attention kind (default full), or its name.
 
     Hook points: ``hook_resid_pre`` (the layer's input), ``hook_attn_out`` (the attention
     sublayer's output, as added to the residual), ``hook_resid_mid`` (the residual after
@@ -441,7 +481,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, d_model: int, num_heads: int, d_ff: int, *, dropout: float = 0.1,
                  activation: str = "relu", norm_first: bool = False,
                  layer_norm_eps: float = 1e-5, bias: bool = True,
-                 attention: AttentionKind | None = None) -> None:
+                 attention: AttentionKind | str | None = None) -> None:
         super().__init__()
         attn_dropout = attention_dropout(dropout, attention)
         self.d_model = d_model

@@ -21,7 +21,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from handformer.checks import check_window_size
+from handformer.checks import check_non_negative_int, check_positive_int, check_window_size
 
 CONVENTION = (
     "handformer masks are boolean (True = may attend) or floating (an additive bias, "
@@ -224,7 +224,13 @@ def strided_mask(L_q: int, L_k: int, stride: int, *, global_tokens: int = 0,
 
     Returns:
         ``(L_q, L_k)`` bool tensor.
+
+    Raises:
+        ValueError: for a ``stride`` outside ``1 .. 2**31 - 1`` or ``global_tokens`` outside
+            ``0 .. 2**31 - 1``.
     """
+    check_positive_int("stride", stride)
+    check_non_negative_int("global_tokens", global_tokens)
     p = torch.arange(L_q, device=device).unsqueeze(-1) + (L_k - L_q)  # (L_q, 1)
     j = torch.arange(L_k, device=device)  # (L_k,)
     d = p - j  # (L_q, L_k)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,8 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
+
+from handformer.checks import mkstemp_beside
 
 __all__ = ["CheckpointError", "LoadReport", "load_safetensors", "checkpoint_problems",
            "read_safetensors_header", "save_safetensors", "write_atomically", "pickle_refusal",
@@ -405,8 +406,7 @@ def write_atomically(path: str | os.PathLike, write: Callable[[Path], object]) -
         ``path`` as a :class:`~pathlib.Path`.
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp = mkstemp_beside(path)  # a missing folder is named, not the temporary file
     try:
         write(Path(tmp))
         with open(tmp, "rb+") as f:

@@ -9,6 +9,7 @@ from handformer.attention.linear import (
     linear_attention_step,
 )
 from handformer.attention.local import LocalAttention, local_attention
+from handformer.attention.registry import attention_kind
 from handformer.attention.sinks import SinkAttention, SinkWindowKVCache, sink_attention
 from handformer.attention.sparse import StridedAttention, strided_attention
 
@@ -27,4 +28,5 @@ __all__ = [
     "linear_attention_step",
     "LinearAttention",
     "LinearAttentionState",
+    "attention_kind",
 ]

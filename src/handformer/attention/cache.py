@@ -57,7 +57,7 @@ from handformer.attention.functional import kv_groups, repeat_kv
 from handformer.attention.kinds import AttentionKind, FullAttention, attend_kind
 from handformer.attention.linear import LinearAttention, LinearAttentionState
 from handformer.attention.local import LocalAttention
-from handformer.checks import check_window_size
+from handformer.checks import check_positive_int, check_window_size
 from handformer.masks import check_mask
 
 __all__ = [
@@ -108,7 +108,7 @@ def _check_step(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> None:
 def _check_capacity(capacity: object) -> int:
     if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
         raise ValueError(f"capacity must be a positive integer (tokens), got {capacity!r}")
-    return capacity
+    return check_positive_int("capacity", capacity)  # at most MAX_INT
 
 
 def _join_keep(old: Tensor | None, n_old: int, new: Tensor | None, B: int, L_new: int,

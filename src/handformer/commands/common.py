@@ -7,6 +7,9 @@
   to stderr so that what a command prints on stdout (JSON, generated text) stays clean.
 * :func:`add_device_argument` and :func:`resolve_device` -- the ``--device auto|cpu|cuda``
   option (``cuda:N`` picks a GPU), one resolution for every command that runs a model.
+* :func:`flag_error`, :func:`check_attention_flags`, :func:`check_sampling_flags` -- the
+  library's rules for attention kinds and sampling options (the same the server applies),
+  with their errors in the command line's words (``--window-size``, not ``window_size``).
 """
 
 from __future__ import annotations
@@ -19,8 +22,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch is imported lazily: `handformer --help` stays fast
     import torch
 
+from handformer.checks import OptionError
+
 __all__ = ["UsageError", "note", "add_device_argument", "resolve_device", "DEVICE_HELP",
-           "causal_choices", "model_choices", "is_causal_model"]
+           "causal_choices", "model_choices", "is_causal_model", "flag_error",
+           "check_attention_flags", "check_sampling_flags"]
 
 DEVICE_HELP = ("where the model runs: auto (CUDA if available, else CPU), cpu, cuda or cuda:N "
                "(default auto)")
@@ -131,3 +137,51 @@ def is_causal_model(source: str | None, command: str, *, encoders: bool = True) 
     extra = ("" if encoders else "; BERT-family encoders go to embed, viz, heads and serve")
     raise UsageError(f"--model {source}: model_type {model_type!r} is not a model {command} "
                      f"reads; it takes {model_choices(encoders=encoders)}{extra}")
+
+
+def flag_error(exc: OptionError) -> UsageError:
+    """An :class:`~handformer.checks.OptionError` in the command line's words."""
+    from handformer.attention.registry import MisplacedOption
+
+    flag = "--" + exc.name.replace("_", "-")
+    if isinstance(exc, MisplacedOption):
+        return UsageError(f"{flag} {exc.value} applies to --attention {exc.needs}, not "
+                          f"--attention {exc.kind}; add --attention {exc.needs} or leave "
+                          f"{flag} out")
+    return UsageError(f"{flag} {exc.problem}")
+
+
+def check_attention_flags(attention: str, **options: object) -> None:
+    """Refuse an option of one attention kind given with another (``--window-size`` without
+    ``--attention local``): the rule of
+    :func:`~handformer.attention.registry.check_kind_options`, which the server applies too.
+
+    Raises:
+        UsageError: naming the flag.
+    """
+    from handformer.attention.registry import check_kind_options
+
+    try:
+        check_kind_options(attention, **options)
+    except OptionError as exc:
+        raise flag_error(exc) from None
+
+
+def check_sampling_flags(**options: object) -> None:
+    """``--temperature``, ``--top-k``, ``--top-p``, ``--seed`` by the library's rule
+    (:func:`~handformer.models.generation.check_sampling`, which the server applies too).
+
+    Raises:
+        UsageError: naming the flag.
+    """
+    from handformer.models.generation import check_sampling
+
+    try:
+        check_sampling(**options)
+    except OptionError as exc:
+        if exc.name == "temperature" and "when sampling" in exc.problem:
+            raise UsageError(f"--temperature must be > 0 when sampling, got "
+                             f"{options['temperature']}; for greedy (deterministic) output "
+                             "leave out --temperature, --top-k and --top-p: greedy decoding "
+                             "is the default") from None
+        raise flag_error(exc) from None

@@ -13,14 +13,19 @@ SENTENCE = "The animal didn't cross the street because it was too tired".split()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="random seed, 0 to 2**63 - 1 (default 0)")
 
 
 def run(args: argparse.Namespace) -> int:
     from handformer import Encoder, EncoderLayer, SinusoidalPositionalEncoding
+    from handformer.checks import OptionError, check_seed
+    from handformer.commands.common import flag_error
 
-    if not -(2**63) <= args.seed < 2**64:  # torch's seed range
-        raise ValueError(f"--seed must be in [-2**63, 2**64), got {args.seed}")
+    try:
+        check_seed(args.seed)  # one rule for every seed (0 .. 2**63 - 1)
+    except OptionError as exc:
+        raise flag_error(exc) from None
     torch.manual_seed(args.seed)
     vocab = {w: i for i, w in enumerate(dict.fromkeys(SENTENCE))}
     ids = torch.tensor([[vocab[w] for w in SENTENCE]])  # (1, L)

@@ -20,7 +20,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from handformer.commands.common import UsageError, add_device_argument, note, resolve_device
+from handformer.commands.common import (
+    UsageError,
+    add_device_argument,
+    check_sampling_flags,
+    note,
+    resolve_device,
+)
 
 NAME = "generate"
 HELP = ("Continue a prompt with a causal LM (GPT-2, Llama, Mistral, Qwen, Gemma, a GGUF file "
@@ -47,14 +53,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"tokens to generate (default: {DEFAULT_NEW_TOKENS}, or as many as "
                              "fit in the model's context, with a note)")
     parser.add_argument("--temperature", type=float, default=None, metavar="T",
-                        help="sample with this temperature (> 0); greedy without "
+                        help="sample with this temperature (finite, > 0); greedy without "
                              "--temperature, --top-k and --top-p")
     parser.add_argument("--top-k", type=int, default=None, metavar="K",
                         help="sample among the K most likely tokens")
     parser.add_argument("--top-p", type=float, default=None, metavar="P",
                         help="nucleus sampling threshold in (0, 1]")
     parser.add_argument("--seed", type=int, default=0, metavar="S",
-                        help="random seed for sampling (default 0)")
+                        help="random seed for sampling, 0 to 2**63 - 1 (default 0)")
     parser.add_argument("--no-cache", action="store_true",
                         help="recompute the whole sequence at every step (slow; for checks)")
     add_device_argument(parser)
@@ -131,15 +137,12 @@ class _TextStream:
 
 
 def _check_flags(args: argparse.Namespace) -> None:
-    """Refuse bad numbers before the (slow) model load."""
-    if not -(2**63) <= args.seed < 2**64:  # torch's seed range
-        raise UsageError(f"--seed must be in [-2**63, 2**64), got {args.seed}")
+    """Refuse bad numbers before the (slow) model load (the server's rule for the same
+    options: :func:`~handformer.commands.common.check_sampling_flags`)."""
+    check_sampling_flags(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                         seed=args.seed)
     if args.max_new_tokens is not None and args.max_new_tokens < 0:
         raise UsageError(f"--max-new-tokens must be an integer >= 0, got {args.max_new_tokens}")
-    if args.temperature is not None and not args.temperature > 0:  # also NaN
-        raise UsageError(f"--temperature must be > 0 when sampling, got {args.temperature}; "
-                         "for greedy (deterministic) output leave out --temperature, --top-k "
-                         "and --top-p: greedy decoding is the default")
 
 
 def new_token_count(requested: int | None, prompt_len: int, max_len: int) -> tuple[int, bool]:

@@ -117,6 +117,8 @@ def _check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise UsageError(f"--top must be at least 1, got {args.top}")
+    if args.top > 2**31 - 1:
+        raise UsageError(f"--top must be at most 2147483647 (2**31 - 1), got {args.top}")
     if args.metric is not None:
         _check(args)  # the flags first, before the model's config is read
     args.metric = _metric(args)

@@ -10,7 +10,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from handformer.commands.common import UsageError
+from handformer.commands.common import UsageError, check_attention_flags
 
 NAME = "train"
 HELP = ("Train a decoder-only CausalLM: copy/reverse/sort (synthetic sequence tasks written as "
@@ -145,20 +145,16 @@ def _check_resume_steps(run_dir: Path, steps: int) -> None:
                          f"give --steps {step + 1} or more, or leave --steps out")
 
 
-# Options of one attention kind: config field -> the kind it belongs to.
-_PATTERN_OPTIONS = {"window_size": "local", "stride": "strided"}
-
-
 def _check_pattern_options(given: dict[str, object]) -> None:
     """Refuse ``--window-size`` without ``--attention local`` and ``--stride`` without
-    ``--attention strided``, in the command line's words."""
+    ``--attention strided``, in the command line's words (the rule ``viz`` and the server
+    apply too). An unknown ``--attention`` is left to the config's own message."""
+    from handformer.attention.registry import KIND_NAMES
+
     attention = given.get("attention", "full")
-    for name, kind in _PATTERN_OPTIONS.items():
-        if name in given and attention != kind:
-            flag = "--" + name.replace("_", "-")
-            raise UsageError(f"{flag} {given[name]} applies to --attention {kind}, not "
-                             f"--attention {attention}; add --attention {kind} or leave {flag} "
-                             "out")
+    if attention in KIND_NAMES:
+        check_attention_flags(attention, window_size=given.get("window_size"),
+                              stride=given.get("stride"))
 
 
 def run(args: argparse.Namespace) -> int:

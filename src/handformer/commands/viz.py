@@ -33,7 +33,14 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from handformer.commands.common import UsageError, add_device_argument, note, resolve_device
+from handformer.commands.common import (
+    UsageError,
+    add_device_argument,
+    check_attention_flags,
+    flag_error,
+    note,
+    resolve_device,
+)
 
 NAME = "viz"
 HELP = "Show a model's attention on TEXT: head.png, model.png and index.html."
@@ -80,34 +87,34 @@ _PATTERN_FLAGS = {"window_size": ("local", 5), "stride": ("strided", 3),
 
 
 def _check_pattern_flags(args: argparse.Namespace) -> None:
-    """Refuse an option of one attention kind given with another (it would be ignored), and
-    fill in the defaults of the chosen kind."""
-    for name, (kind, default) in _PATTERN_FLAGS.items():
-        flag = "--" + name.replace("_", "-")
-        value = getattr(args, name)
-        if value is not None and args.attention != kind:
-            raise UsageError(f"{flag} {value} applies to --attention {kind}, not --attention "
-                             f"{args.attention}; add --attention {kind} or leave {flag} out")
-        if value is None:
+    """Refuse an option of one attention kind given with another (it would be ignored; the
+    server refuses the same), and fill in the defaults of the chosen kind."""
+    check_attention_flags(args.attention, **{name: getattr(args, name)
+                                              for name in _PATTERN_FLAGS})
+    for name, (_, default) in _PATTERN_FLAGS.items():
+        if getattr(args, name) is None:
             setattr(args, name, default)
 
 
 def _kind(args: argparse.Namespace) -> tuple[object | None, str]:
     """The attention kind for ``--attention`` and a short description of it."""
+    from handformer.attention.registry import attention_kind
+    from handformer.checks import OptionError
+
     if args.attention == "full":
         return None, "full attention"
+    options = {name: getattr(args, name) for name, (kind, _) in _PATTERN_FLAGS.items()
+               if kind == args.attention}
+    try:
+        made = attention_kind(args.attention, **options)
+    except OptionError as exc:
+        raise flag_error(exc) from None
     if args.attention == "local":
-        from handformer.attention.local import LocalAttention
-
-        return LocalAttention(args.window_size), f"local attention, window {args.window_size}"
+        return made, f"local attention, window {args.window_size}"
     if args.attention == "strided":
-        from handformer.attention.sparse import StridedAttention
-
-        return (StridedAttention(args.stride, global_tokens=args.global_tokens),
-                f"strided attention, stride {args.stride}, {args.global_tokens} global token(s)")
-    from handformer.attention.linear import LinearAttention
-
-    return LinearAttention(), "linear attention (elu+1 features; the matrix is never formed)"
+        return made, (f"strided attention, stride {args.stride}, {args.global_tokens} global "
+                      "token(s)")
+    return made, "linear attention (elu+1 features; the matrix is never formed)"
 
 
 def _check_out(out: str) -> Path:

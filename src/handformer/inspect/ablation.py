@@ -14,6 +14,7 @@ heads, ``D`` head dim, ``N`` layers.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -162,12 +163,21 @@ def _rows(out: Any, rows: slice, total: int) -> Any:
 
 
 def _metric_value(metric: Metric, out: Any) -> float:
+    if not callable(metric):
+        raise TypeError(f"metric must be a function output -> number, got "
+                        f"{type(metric).__name__}")
     value = metric(out)
     if isinstance(value, Tensor):
         if value.numel() != 1:
             raise ValueError(f"metric must return one number, got a tensor of shape "
                              f"{tuple(value.shape)}")
         return float(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        shown = repr(value)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        raise TypeError(f"metric must return one number (a float or a one-element tensor), "
+                        f"got {type(value).__name__} {shown}; e.g. metric=lambda out: "
+                        "out.logits[0, -1, token_id]")
     return float(value)
 
 

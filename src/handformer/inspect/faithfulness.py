@@ -159,9 +159,15 @@ def faithfulness(model: torch.nn.Module, tokenizer: object, text: str, *, row: s
         A :class:`Faithfulness` with the scores, the Spearman table and ``to_markdown()``.
 
     Raises:
+        TypeError: for a model that is not a BERT-family encoder (a causal LM).
         ValueError: for an unknown row or ablation, a text with fewer than 2 tokens to
             correlate, or a text longer than ``flow_max_tokens``.
     """
+    if not hasattr(model, "encoder") or not hasattr(model.encoder, "layers"):
+        raise TypeError(f"faithfulness needs a BERT-family encoder (BertModel, e.g. "
+                        f"load_bert()'s) and its tokenizer, got {type(model).__name__}; for a "
+                        "causal language model, use attention_rollout or attention_flow on "
+                        "model(ids, need_weights=True).attentions")
     if row not in ROWS:
         raise ValueError(f"row must be one of {ROWS}, got {row!r}")
     if ablation not in ABLATIONS:

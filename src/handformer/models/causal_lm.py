@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from torch import Tensor, nn
 
 from handformer.attention.cache import DecodingCache, cache_for
 from handformer.attention.functional import soft_cap
+from handformer.checks import mkstemp_beside
 from handformer.decoder_layer import DecoderLayer
 from handformer.hooks import HookPoint
 from handformer.layers import Dropout
@@ -403,8 +403,7 @@ def read_config(path: Path) -> CausalLMConfig:
 
 def _atomic_write(path: Path, write: object) -> None:
     """Call ``write(tmp_path)`` then rename the temporary file over ``path``."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp = mkstemp_beside(path)  # a missing folder is named, not the temporary file
     try:
         write(Path(tmp))  # type: ignore[operator]
         os.replace(tmp, path)

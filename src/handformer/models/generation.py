@@ -13,20 +13,53 @@ afterwards, and generation stops when every sequence is finished.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
 
+from handformer.checks import OptionError, check_non_negative_int, check_seed
 from handformer.hooks import hooks_active
 
-__all__ = ["generate", "filter_logits"]
+__all__ = ["generate", "filter_logits", "check_sampling"]
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
+        raise OptionError(name, f"must be an integer >= {minimum}, got {value!r}")
+    return check_non_negative_int(name, value)  # at most MAX_INT
+
+
+def check_sampling(*, temperature: object = None, top_k: object = None, top_p: object = None,
+                   seed: object = None) -> None:
+    """The one rule for sampling options, used by :func:`generate`, ``handformer generate``
+    and the server's ``/api/generate`` (None = not given).
+
+    * ``temperature``: a finite number > 0 (NaN, infinities, 0 and negatives refused);
+    * ``top_k``: an integer in ``1 .. 2**31 - 1``;
+    * ``top_p``: a number in ``(0, 1]``;
+    * ``seed``: an integer in ``0 .. 2**63 - 1`` (:func:`handformer.checks.check_seed`).
+
+    Raises:
+        ValueError: an :class:`~handformer.checks.OptionError` naming the first bad option.
+    """
+    if temperature is not None:
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+            raise OptionError("temperature", f"must be a number, got {temperature!r}")
+        if not temperature > 0:  # also NaN
+            raise OptionError("temperature", f"must be > 0 when sampling, got {temperature}; "
+                                             "for deterministic output use greedy decoding "
+                                             "(no temperature, top_k or top_p)")
+        if not math.isfinite(temperature):
+            raise OptionError("temperature", f"must be a finite number > 0, got {temperature}")
+    if top_k is not None:
+        _check_int("top_k", top_k, 1)
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
+                              or not 0 < top_p <= 1):
+        raise OptionError("top_p", f"must be in (0, 1], got {top_p!r}")
+    if seed is not None:
+        check_seed(seed)
 
 
 def _check_settings(do_sample: bool, temperature: float, top_k: int | None,
@@ -35,14 +68,12 @@ def _check_settings(do_sample: bool, temperature: float, top_k: int | None,
         raise ValueError(f"do_sample must be True or False, got {do_sample!r}")
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
         raise ValueError(f"temperature must be a number, got {temperature!r}")
-    if do_sample and not temperature > 0:
-        raise ValueError(f"temperature must be > 0 when sampling, got {temperature}; for "
-                         "deterministic output use do_sample=False (greedy)")
-    if top_k is not None:
-        _check_int("top_k", top_k, 1)
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
-                              or not 0 < top_p <= 1):
-        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    if do_sample:
+        check_sampling(temperature=temperature, top_k=top_k, top_p=top_p)
+        return
+    if not math.isfinite(temperature):  # unused by greedy decoding, but never accepted
+        raise OptionError("temperature", f"must be a finite number, got {temperature}")
+    check_sampling(top_k=top_k, top_p=top_p)
 
 
 def filter_logits(logits: Tensor, *, top_k: int | None = None,

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from handformer.attention.kinds import AttentionKind
+from handformer.attention.registry import resolve_attention
 from handformer.checks import check_dropout, check_positive_int
 from handformer.hooks import HookPoint
 from handformer.layers import EncoderLayer, check_attention
@@ -35,6 +36,7 @@ from handformer.pretrained.bert_keys import bert_key_map
 from handformer.pretrained.folders import (
     CONFIG_NAME,
     WEIGHTS_NAME,
+    check_device,
     read_config_json,
     resolve_checkpoint_dir,
 )
@@ -193,7 +195,7 @@ class BertPooler(nn.Module):
         return torch.tanh(self.dense(hidden[:, 0]))
 
 
-AttentionSpec = AttentionKind | Callable[[], AttentionKind] | None
+AttentionSpec = AttentionKind | str | Callable[[], AttentionKind] | None
 
 
 class BertModel(nn.Module):
@@ -204,8 +206,12 @@ class BertModel(nn.Module):
         add_pooling_layer: build the ``[CLS]`` pooler (checkpoints without one load with
             ``False``).
         attention: the attention kind of every layer: an :class:`AttentionKind` (copied into
-            each layer) or a zero-argument factory; default full attention. Swapping it (e.g.
-            ``LocalAttention(window)``) keeps the same weights and checkpoint keys.
+            each layer), a zero-argument factory, or a name (``"full"``, ``"local"``,
+            ``"strided"``, ``"linear"``, with the options below); default full attention.
+            Swapping it (e.g. ``"local"`` or ``LocalAttention(window)``) keeps the same
+            weights and checkpoint keys.
+        window_size, stride, global_tokens: options of a kind given by name (as
+            :func:`~handformer.attention.attention_kind`: defaults 5, 3 and 1).
         sentence_pooling: how :func:`handformer.pretrained.embed` turns token vectors into a
             sentence vector (read from a sentence-transformers folder); None = mean pooling.
 
@@ -220,8 +226,12 @@ class BertModel(nn.Module):
 
     def __init__(self, config: BertConfig, *, add_pooling_layer: bool = True,
                  attention: AttentionSpec = None,
-                 sentence_pooling: SentencePooling | None = None) -> None:
+                 sentence_pooling: SentencePooling | None = None,
+                 window_size: int | None = None, stride: int | None = None,
+                 global_tokens: int | None = None) -> None:
         super().__init__()
+        attention = resolve_attention(attention, window_size=window_size, stride=stride,
+                                      global_tokens=global_tokens)
         if not isinstance(config, BertConfig):
             raise TypeError(f"config must be a BertConfig, got {type(config).__name__}")
         if sentence_pooling is not None and not isinstance(sentence_pooling, SentencePooling):
@@ -321,7 +331,9 @@ class BertModel(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, *, device: str | torch.device = "cpu",
                         dtype: torch.dtype = torch.float32,
-                        attention: AttentionSpec = None) -> BertModel:
+                        attention: AttentionSpec = None, window_size: int | None = None,
+                        stride: int | None = None, global_tokens: int | None = None
+                        ) -> BertModel:
         """Load the model of a BERT-family folder, without a tokenizer (strict, all-or-nothing).
 
         The folder needs only ``config.json`` and ``model.safetensors`` (what
@@ -334,7 +346,9 @@ class BertModel(nn.Module):
                 skipped; a pooler is built when the file has one), or that file.
             device: where to put the model.
             dtype: floating dtype of the parameters.
-            attention: attention kind of every layer (default full); see :class:`BertModel`.
+            attention: attention kind of every layer (default full), or its name; see
+                :class:`BertModel`.
+            window_size, stride, global_tokens: options of a kind given by name.
 
         Returns:
             The model, in eval mode (with the folder's sentence-transformers pooling, if any).
@@ -344,10 +358,13 @@ class BertModel(nn.Module):
             CheckpointError: (a ``ValueError``) for pickle checkpoints (the message says how
                 to convert them), truncated or corrupt files, and keys that do not match the
                 config (every one listed, in the file's names); no model is returned.
-            ValueError: for configs handformer does not implement.
+            ValueError: for configs handformer does not implement, an unknown attention name
+                or an option of another kind.
             TypeError: for a non-floating ``dtype`` or a bad ``attention``.
         """
-        check_load_options(dtype, attention)
+        attention = check_load_options(dtype, attention, window_size=window_size,
+                                       stride=stride, global_tokens=global_tokens)
+        check_device(device)
         folder, weights = resolve_checkpoint_dir(path)
         config = BertConfig.from_dict(read_config_json(folder))
         header, _ = read_safetensors_header(weights)
@@ -382,16 +399,20 @@ class BertModel(nn.Module):
         return directory
 
 
-def check_load_options(dtype: object, attention: object) -> None:
-    """Validate a loader's ``dtype`` and ``attention`` arguments.
+def check_load_options(dtype: object, attention: object, **options: int | None
+                       ) -> AttentionSpec:
+    """Validate a loader's ``dtype`` and ``attention`` arguments (with the options of a kind
+    given by name: ``window_size``, ``stride``, ``global_tokens``).
+
+    Returns:
+        The attention to build the layers with (see
+        :func:`~handformer.attention.registry.resolve_attention`).
 
     Raises:
-        TypeError: for a non-floating ``dtype`` or an ``attention`` that is neither an
-            attention kind nor a factory.
+        TypeError: for a non-floating ``dtype`` or an ``attention`` that is neither a name,
+            an attention kind nor a factory.
+        ValueError: for an unknown name or an option that does not belong to the kind.
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
-    if attention is not None and not (isinstance(attention, AttentionKind)
-                                      or callable(attention)):
-        raise TypeError(f"attention must be an attention kind or a factory, got "
-                        f"{type(attention).__name__}")
+    return resolve_attention(attention, **options)

@@ -16,7 +16,11 @@ from pathlib import Path
 import torch
 
 from handformer.pretrained.bert import AttentionSpec, BertConfig, BertModel, check_load_options
-from handformer.pretrained.folders import read_config_json, resolve_checkpoint_dir
+from handformer.pretrained.folders import (
+    check_device,
+    read_config_json,
+    resolve_checkpoint_dir,
+)
 from handformer.pretrained.tokenizer import BertTokenizer
 
 __all__ = ["load_bert", "bundled_model_dir", "resolve_checkpoint_dir", "BUNDLED_PACKAGE"]
@@ -45,8 +49,9 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 
 
 def load_bert(path: str | os.PathLike | None = None, *, device: str | torch.device = "cpu",
-              dtype: torch.dtype = torch.float32, attention: AttentionSpec = None
-              ) -> tuple[BertModel, BertTokenizer]:
+              dtype: torch.dtype = torch.float32, attention: AttentionSpec = None,
+              window_size: int | None = None, stride: int | None = None,
+              global_tokens: int | None = None) -> tuple[BertModel, BertTokenizer]:
     """Load a BERT-family checkpoint onto handformer's layers, with its tokenizer.
 
     Args:
@@ -57,7 +62,11 @@ def load_bert(path: str | os.PathLike | None = None, *, device: str | torch.devi
             tokenizer loads with :meth:`BertModel.from_pretrained`.
         device: where to put the model.
         dtype: floating dtype of the parameters.
-        attention: attention kind for every layer (default full); see :class:`BertModel`.
+        attention: attention kind for every layer (default full): an attention kind, a
+            factory, or a name as the command line and the server take them (``"full"``,
+            ``"local"``, ``"strided"``, ``"linear"``); see :class:`BertModel`.
+        window_size, stride, global_tokens: options of a kind given by name, e.g.
+            ``load_bert(attention="local", window_size=7)`` (defaults 5, 3 and 1).
 
     Returns:
         ``(model, tokenizer)``; the model is in eval mode.
@@ -68,10 +77,14 @@ def load_bert(path: str | os.PathLike | None = None, *, device: str | torch.devi
         CheckpointError: (a ``ValueError``) for pickle checkpoints (the message says how to
             convert them), truncated or corrupt files and keys that do not match the config
             (every one listed, in the file's names); no model is returned.
-        ValueError: for configs handformer does not implement.
-        TypeError: for a non-floating ``dtype`` or a bad ``attention``.
+        ValueError: for configs handformer does not implement, a ``device`` torch does not
+            know, an unknown attention name or an option of another kind.
+        TypeError: for a ``path`` that is not a string or path, a non-floating ``dtype`` or a
+            bad ``attention``.
     """
-    check_load_options(dtype, attention)
+    attention = check_load_options(dtype, attention, window_size=window_size, stride=stride,
+                                   global_tokens=global_tokens)
+    check_device(device)
     folder, weights = resolve_checkpoint_dir(bundled_model_dir() if path is None else path)
     read_config_json(folder)  # a missing config is reported before a missing tokenizer
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from handformer.checks import check_positive_int
 from handformer.pretrained.bert import BertModel
 from handformer.pretrained.checkpoints import load_bert
 from handformer.pretrained.pooling import SentencePooling
@@ -50,8 +51,7 @@ def embed(texts: str | Sequence[str], *, model: BertModel | None = None,
         ValueError: for an empty list or empty text, a bad ``batch_size``, or a model
             without its tokenizer.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    check_positive_int("batch_size", batch_size)  # 1 .. 2**31 - 1
     if model is None:
         if tokenizer is not None:
             raise ValueError("tokenizer was given without model; pass both or neither")

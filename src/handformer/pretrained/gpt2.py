@@ -53,7 +53,7 @@ def load_gpt2(path: str | os.PathLike, *, device: str | torch.device = "cpu",
             keys (every one listed, in the file's names); no model is returned.
         ValueError: for a config that is not GPT-2 or uses unsupported options, or tokenizer
             files that cannot be read.
-        TypeError: for a non-floating ``dtype``.
+        TypeError: for a non-floating ``dtype``, or a ``path`` or ``device`` of the wrong type.
     """
     from handformer.pretrained.lm import _load
 

@@ -19,11 +19,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from handformer.attention.kinds import AttentionKind, FullAttention
+from handformer.attention.kinds import AttentionKind
+from handformer.attention.registry import KIND_NAMES, KIND_OPTIONS, attention_kind
 
 __all__ = ["AttentionChoice", "ModelState", "KINDS"]
 
-KINDS = ("full", "local", "strided", "linear")
+KINDS = KIND_NAMES  # ("full", "local", "strided", "linear")
 MAX_VARIANTS = 16  # models kept for distinct (kind, window, stride, global tokens) settings
 # Attention weights one request may compute (layers x heads x tokens^2): a 32k-context LLM
 # is served on as many tokens as keep that within about 320 MB of float32 weights
@@ -67,21 +68,9 @@ class AttentionChoice:
         Raises:
             ValueError: for a kind or option the attention module rejects.
         """
-        if self.kind == "full":
-            return FullAttention()
-        if self.kind == "local":
-            from handformer.attention.local import LocalAttention
-
-            return LocalAttention(self.window_size)
-        if self.kind == "strided":
-            from handformer.attention.sparse import StridedAttention
-
-            return StridedAttention(self.stride, global_tokens=self.global_tokens)
-        if self.kind == "linear":
-            from handformer.attention.linear import LinearAttention
-
-            return LinearAttention()
-        raise ValueError(f"attention must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        options = {name: getattr(self, name) for name, kind in KIND_OPTIONS.items()
+                   if kind == self.kind}
+        return attention_kind(self.kind, **options)  # the CLI's and the loaders' names
 
     def describe(self) -> str:
         """The setting in words, e.g. ``"local attention, window 5"``."""

@@ -3,21 +3,28 @@
 Every problem becomes a :class:`RequestError` that names the field, which the app answers with
 status 422 (413 for a body over :data:`MAX_BODY`). Nothing here touches the file system: no
 field is ever a path.
+
+The attention options and the sampling options follow the library's rules, the same the
+command line applies: :func:`~handformer.attention.registry.check_kind_options` (an option of
+another kind, e.g. ``window_size`` without ``"attention": "local"``, is refused, not ignored)
+and :func:`~handformer.models.generation.check_sampling` (non-finite or non-positive
+temperatures and negative seeds are refused).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 
+from handformer.attention.registry import MisplacedOption, check_kind_options
+from handformer.checks import OptionError
+from handformer.models.generation import check_sampling
 from handformer.serve.state import KINDS, AttentionChoice, ModelState
 
 __all__ = ["MAX_BODY", "WEIGHT_FORMATS", "RequestError", "BodyTooLarge", "RunRequest",
            "GenerateRequest", "parse_json", "parse_run", "parse_generate", "parse_weights_format"]
 
 MAX_BODY = 64 * 1024  # bytes in a request body
-MAX_OPTION = 4096  # largest window_size / stride / global_tokens accepted
 MAX_NEW_TOKENS = 512
 # How /api/run and /api/rollout send the viewer's 8-bit weights (the ``weights`` query
 # parameter): base64 inside the JSON, or raw bytes after a JSON header (see serve.wire).
@@ -127,16 +134,33 @@ def _int(body: dict[str, object], name: str, default: int | None, lo: int, hi: i
     return value
 
 
-def _float(body: dict[str, object], name: str, lo: float, hi: float, *,
-           lo_open: bool = True) -> float | None:
+def _number(body: dict[str, object], name: str) -> float | None:
+    """A JSON number or None (NaN and infinities pass here: the rule that follows refuses)."""
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise RequestError(name, f"must be a number, got {json.dumps(value)[:40]}")
-    if not ((lo < value) if lo_open else (lo <= value)) or value > hi:
-        raise RequestError(name, f"must be in {'(' if lo_open else '['}{lo}, {hi}], got {value}")
-    return float(value)
+    return value
+
+
+def _integer(body: dict[str, object], name: str) -> int | None:
+    """A JSON integer or None (its range is the rule's business)."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(name, f"must be an integer, got {json.dumps(value)[:40]}")
+    return value
+
+
+def _field_error(exc: OptionError) -> RequestError:
+    """A library :class:`~handformer.checks.OptionError` as a request error on its field."""
+    if isinstance(exc, MisplacedOption):
+        return RequestError(exc.name, f"applies to attention {json.dumps(exc.needs)}, not "
+                                      f"{json.dumps(exc.kind)}; send \"attention\": "
+                                      f"{json.dumps(exc.needs)} or leave {exc.name} out")
+    return RequestError(exc.name, exc.problem)
 
 
 def _text(body: dict[str, object], name: str, *, required: bool) -> str | None:
@@ -164,18 +188,14 @@ def _attention(body: dict[str, object], state: ModelState) -> AttentionChoice:
     if not isinstance(kind, str) or kind not in KINDS:
         raise RequestError("attention", f"must be one of {', '.join(KINDS)}, got "
                                         f"{json.dumps(kind)[:40]}")
-    choice = AttentionChoice(
-        kind,
-        window_size=_int(body, "window_size", default.window_size, 1, MAX_OPTION),
-        stride=_int(body, "stride", default.stride, 1, MAX_OPTION),
-        global_tokens=_int(body, "global_tokens", default.global_tokens, 0, MAX_OPTION))
+    given = {name: _integer(body, name) for name in ("window_size", "stride", "global_tokens")}
     try:
-        choice.make()
-    except ValueError as exc:
-        field = {"local": "window_size", "strided": "stride"}.get(kind, "attention")
-        if kind == "strided" and "global" in str(exc):
-            field = "global_tokens"
-        raise RequestError(field, " ".join(str(exc).split())) from None
+        check_kind_options(kind, **given)  # an option of another kind is refused
+        choice = AttentionChoice(kind, **{name: getattr(default, name) if value is None
+                                          else value for name, value in given.items()})
+        choice.make()  # the kind's own checks (odd window, bounds...)
+    except OptionError as exc:
+        raise _field_error(exc) from None
     return choice
 
 
@@ -254,13 +274,19 @@ def parse_generate(body: dict[str, object], state: ModelState) -> GenerateReques
         raise RequestError("messages", "give either text (a prompt) or messages (a chat), "
                                        "not both")
     text = _chat_prompt(body, state) if chat else _text(body, "text", required=True)
+    attention, heads = _attention(body, state), _heads(body, state)
+    max_new_tokens = _int(body, "max_new_tokens", 20, 1, MAX_NEW_TOKENS)
+    temperature, top_p = _number(body, "temperature"), _number(body, "top_p")
+    top_k, seed = _integer(body, "top_k"), _integer(body, "seed")
+    try:
+        check_sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    except OptionError as exc:
+        raise _field_error(exc) from None
     return GenerateRequest(
-        text, _attention(body, state), _heads(body, state),
-        max_new_tokens=_int(body, "max_new_tokens", 20, 1, MAX_NEW_TOKENS),
-        temperature=_float(body, "temperature", 0.0, 100.0),
-        top_k=_int(body, "top_k", None, 1, 1 << 30),
-        top_p=_float(body, "top_p", 0.0, 1.0),
-        seed=_int(body, "seed", 0, 0, 2**63 - 1), chat=chat)
+        text, attention, heads, max_new_tokens=max_new_tokens,
+        temperature=None if temperature is None else float(temperature), top_k=top_k,
+        top_p=None if top_p is None else float(top_p), seed=0 if seed is None else seed,
+        chat=chat)
 
 
 def _chat_prompt(body: dict[str, object], state: ModelState) -> str:

@@ -29,7 +29,6 @@ import os
 import re
 import shutil
 import signal
-import tempfile
 from pathlib import Path
 
 import torch
@@ -37,6 +36,7 @@ from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save as save_safetensors_bytes
 from torch import Tensor, nn
 
+from handformer.checks import mkstemp_beside
 from handformer.weights import CheckpointError, checkpoint_problems, load_safetensors
 
 __all__ = ["CheckpointError", "atomic_write_bytes", "save_checkpoint", "load_checkpoint",
@@ -75,9 +75,9 @@ def atomic_write_bytes(path: Path, data: bytes) -> Path:
         ``path``.
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = mkstemp_beside(path)  # a missing folder is named, not the temporary file
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -153,7 +153,7 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module,
     root = Path(run_dir) / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:08d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step-{step:08d}-", dir=root))
+    tmp = Path(mkstemp_beside(final, folder=True))  # .tmp-step-NNNNNNNN-xxxx
     try:
         model.save_pretrained(tmp)
         for name in ("model.safetensors", "config.json"):

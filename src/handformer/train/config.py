@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import MISSING, asdict, dataclass, fields
 
-from handformer.checks import check_dropout, check_positive_int
+from handformer.checks import check_dropout, check_positive_int, check_seed
 from handformer.models.causal_lm_config import CausalLMConfig
 from handformer.train.schedule import Schedule
 from handformer.train.tasks import SYNTHETIC, TASKS
@@ -115,8 +115,7 @@ class TrainConfig:
         for name in ("stop_after", "threads"):
             if getattr(self, name) is not None:
                 check_positive_int(name, getattr(self, name))
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+        check_seed(self.seed)  # 0 .. 2**63 - 1, as everywhere
         Schedule(self.schedule, self.lr, self.warmup, self.steps, self.min_lr_ratio)
         for name in ("weight_decay", "clip_grad"):
             value = getattr(self, name)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from handformer.checks import check_non_negative_int
+
 __all__ = ["Schedule", "SCHEDULES"]
 
 SCHEDULES = ("cosine", "inverse_sqrt", "constant")
@@ -47,6 +49,7 @@ class Schedule:
             raise ValueError(f"lr must be a positive number, got {self.lr!r}")
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"warmup must be an integer >= 0, got {self.warmup!r}")
+        check_non_negative_int("warmup", self.warmup)  # at most 2**31 - 1
         if isinstance(self.total, bool) or not isinstance(self.total, int) or self.total < 1:
             raise ValueError(f"steps must be a positive integer, got {self.total!r}")
         if not 0 <= self.min_lr_ratio <= 1:

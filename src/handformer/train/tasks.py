@@ -28,10 +28,13 @@ from handformer.checks import check_positive_int
 from handformer.train.data import CharVocab, batch_generator, read_text
 
 __all__ = ["Batch", "Task", "SequenceTask", "LMTask", "SYMBOLS", "SEPARATOR", "SYNTHETIC",
-           "TASKS", "IGNORE"]
+           "TASKS", "IGNORE", "MAX_SEQUENCE_LENGTH"]
 
 SYMBOLS = "0123456789abcdefghijklmnopqrstuvwxyz"
 SEPARATOR = ">"
+# Longest sequence of the synthetic tasks: the model reads 2 * length + 1 tokens, and one
+# training step at the default batch of 64 already holds about 1 GB of activations at 4096.
+MAX_SEQUENCE_LENGTH = 4096
 SYNTHETIC = ("copy", "reverse", "sort")
 TASKS = (*SYNTHETIC, "lm")
 IGNORE = -100  # target id that carries no loss (torch's cross-entropy ignore_index)
@@ -86,7 +89,8 @@ class SequenceTask(Task):
 
     Args:
         name: ``"copy"``, ``"reverse"`` or ``"sort"``.
-        length: symbols per sequence ``n`` (the model input is ``2n`` long).
+        length: symbols per sequence ``n`` (the model input is ``2n`` long), at most
+            :data:`MAX_SEQUENCE_LENGTH`.
         num_symbols: alphabet size, 2 to 36 (``0-9`` then ``a-z``).
         eval_size: held-out sequences for evaluation.
         seed: seed of the held-out set.
@@ -104,6 +108,10 @@ class SequenceTask(Task):
             raise ValueError(f"unknown synthetic task {name!r}; choose one of {list(SYNTHETIC)}")
         self.name = name
         self.length = check_positive_int("length", length)
+        if length > MAX_SEQUENCE_LENGTH:
+            raise ValueError(f"length must be at most {MAX_SEQUENCE_LENGTH} for the synthetic "
+                             f"tasks (the model reads 2 * length + 1 tokens), got {length}; "
+                             "for long inputs train task lm on a text file")
         check_positive_int("num_symbols", num_symbols)
         if not 2 <= num_symbols <= len(SYMBOLS):
             raise ValueError(f"num_symbols must be in [2, {len(SYMBOLS)}], got {num_symbols}")
@@ -116,26 +124,29 @@ class SequenceTask(Task):
         self.vocab = CharVocab(SEPARATOR + SYMBOLS[:num_symbols])
         self.seq_len = 2 * length
         self.max_len = 2 * length + 1
-        # Held-out sequences, as base-`num_symbols` codes; training never draws them.
+        # Held-out sequences, distinct, in lexicographic order; training never draws them.
         g = batch_generator(seed, 0, 0xFFFF)
-        codes = torch.empty(0, dtype=torch.long)
-        while codes.numel() < eval_size:
+        rows = torch.empty(0, length, dtype=torch.uint8)  # (E, n): symbols fit in a byte
+        while rows.shape[0] < eval_size:
             x = torch.randint(num_symbols, (eval_size, length), generator=g)  # (B, n)
-            codes = torch.unique(torch.cat([codes, self._codes(x)]))
-        self.eval_codes = codes[torch.randperm(codes.numel(), generator=g)[:eval_size]]
-        self.eval_codes = torch.sort(self.eval_codes).values
+            rows = torch.unique(torch.cat([rows, x.to(torch.uint8)]), dim=0)
+        picked = torch.sort(torch.randperm(rows.shape[0], generator=g)[:eval_size]).values
+        self.eval_x = rows[picked]  # (E, n), still in lexicographic order
+        self.eval_codes = torch.sort(self._codes(self.eval_x.long())).values  # (E,)
 
     def _codes(self, x: Tensor) -> Tensor:
-        """``(B, n)`` symbols -> ``(B,)`` integer codes (exact while ``s^n < 2**63``)."""
+        """``(B, n)`` symbols -> ``(B,)`` integer codes, to find held-out rows quickly.
+
+        Exact (base ``num_symbols``) while ``s^n < 2**62``. Beyond, a hash with fixed
+        pseudo-random 64-bit weights (wrapping int64 arithmetic): a collision can only make
+        a training row be redrawn, never lose a held-out row (those are kept as symbols).
+        """
         if self.num_symbols ** self.length >= 1 << 62:
-            return (x * 1_000_003).sum(-1)  # only used to skip held-out rows; rare collisions
+            g = torch.Generator().manual_seed(0x5EED)
+            weights = torch.randint(-(2**62), 2**62, (self.length,), generator=g) * 2 + 1
+            return (x * weights).sum(-1)  # (B,), wraps around: a hash
         weights = self.num_symbols ** torch.arange(self.length - 1, -1, -1)  # (n,)
         return (x * weights).sum(-1)
-
-    def _decode_codes(self, codes: Tensor) -> Tensor:
-        """``(B,)`` codes -> ``(B, n)`` symbols (inverse of :meth:`_codes`)."""
-        weights = self.num_symbols ** torch.arange(self.length - 1, -1, -1)  # (n,)
-        return (codes[:, None] // weights) % self.num_symbols  # (B, n)
 
     def target(self, x: Tensor) -> Tensor:
         """The target ``y`` of symbols ``x: (B, n)``."""
@@ -166,11 +177,11 @@ class SequenceTask(Task):
             x[held_out] = redraw
 
     def eval_batches(self, batch_size: int) -> list[Batch]:
-        x = self._decode_codes(self.eval_codes)  # (eval_size, n)
+        x = self.eval_x.long()  # (eval_size, n)
         return [self.make_batch(chunk) for chunk in x.split(batch_size)]
 
     def example(self) -> str:
-        x = self._decode_codes(self.eval_codes[:1])[0]  # (n,)
+        x = self.eval_x[0].long()  # (n,)
         return self.vocab.decode((x + 1).tolist()) + SEPARATOR + self.vocab.decode(
             (self.target(x[None])[0][:-1] + 1).tolist())
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
+
+from handformer.checks import mkstemp_beside
 
 __all__ = ["write_atomic"]
 
@@ -22,12 +23,13 @@ def write_atomic(path: str | os.PathLike[str], write: bytes | Callable[[BinaryIO
         The destination as a :class:`~pathlib.Path`.
 
     Raises:
-        OSError: if the folder is missing or not writable (the temp file is removed).
+        OSError: if the folder is missing or not writable (the message names ``path`` and
+            its folder; the temp file is removed).
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = mkstemp_beside(path)  # a missing folder is named, not the temporary file
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "wb") as f:
             if isinstance(write, bytes | bytearray):
                 f.write(write)
             else:

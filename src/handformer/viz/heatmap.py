@@ -253,18 +253,41 @@ class MissingGlyphWarning(UserWarning):
     """Some token characters have no glyph in the installed fonts (drawn as boxes)."""
 
 
-def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
-    """Save ``fig`` as PNG atomically at the figure's own size and DPI; returns the path.
+# File extension -> matplotlib format name (what save_figure writes).
+FIGURE_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf", ".jpg": "jpeg", ".jpeg": "jpeg"}
 
-    Characters no installed font can draw (e.g. Chinese without a CJK font) give one
-    :class:`MissingGlyphWarning` instead of matplotlib's warning per glyph.
+
+def figure_format(path: str | os.PathLike[str]) -> str:
+    """The format :func:`save_figure` writes for ``path``, from its extension.
 
     Raises:
-        OSError: if the file cannot be written.
+        ValueError: for a missing or other extension (the message lists the accepted ones).
     """
+    suffix = Path(path).suffix.lower()
+    if suffix not in FIGURE_FORMATS:
+        raise ValueError(f"cannot tell the image format of {Path(path).name!r} from its "
+                         f"extension {suffix or '(none)'}: save_figure writes "
+                         f"{', '.join(FIGURE_FORMATS)}; name the file e.g. attention.png")
+    return FIGURE_FORMATS[suffix]
+
+
+def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
+    """Save ``fig`` atomically at the figure's own size and DPI; returns the path.
+
+    The format follows the extension: ``.png``, ``.svg``, ``.pdf``, ``.jpg`` / ``.jpeg``
+    (JPEG on a white background, as JPEG has no transparency). Characters no installed font
+    can draw (e.g. Chinese without a CJK font) give one :class:`MissingGlyphWarning` instead
+    of matplotlib's warning per glyph.
+
+    Raises:
+        ValueError: for another extension (nothing is written).
+        OSError: if the file cannot be written (the message names it and its folder).
+    """
+    fmt = figure_format(path)
+    extra = {"facecolor": "white"} if fmt == "jpeg" else {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        written = write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=fig.dpi))
+        written = write_atomic(path, lambda f: fig.savefig(f, format=fmt, dpi=fig.dpi, **extra))
     missing = []
     for w in caught:
         m = re.search(r"Glyph \d+ \((.*?)\) missing from font", str(w.message))
