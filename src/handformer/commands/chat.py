@@ -71,8 +71,14 @@ def _write(text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.max_new_tokens < 1:
-        raise UsageError(f"--max-new-tokens must be an integer >= 1, got {args.max_new_tokens}")
+    from handformer.checks import MAX_INT
+    from handformer.commands.common import check_sampling_flags
+
+    check_sampling_flags(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                         seed=args.seed)  # before the (slow) model load
+    if not 1 <= args.max_new_tokens <= MAX_INT:
+        raise UsageError(f"--max-new-tokens must be an integer in [1, {MAX_INT}], got "
+                         f"{args.max_new_tokens}")
     session = open_session(args, args.max_new_tokens)
     interactive = sys.stdin.isatty()
     if interactive:

@@ -52,6 +52,11 @@ def run(args: argparse.Namespace) -> int:
                          "sentence embeddings with a BERT-family encoder. Look at its "
                          "attention with `handformer viz TEXT --model ...` or continue text "
                          "with `handformer generate --model ... --prompt TEXT`")
+    from handformer.checks import MAX_INT
+
+    if args.batch_size > MAX_INT:  # before the model load and its notes
+        raise UsageError(f"--batch-size must be at most {MAX_INT} (2**31 - 1), got "
+                         f"{args.batch_size}")
     device = resolve_device(args.device)
     model, tokenizer = load_bert(args.model)
     model.to(device)
