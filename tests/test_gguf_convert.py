@@ -20,6 +20,7 @@ import transformers
 from gguf import GGMLQuantizationType, GGUFValueType
 from safetensors.torch import load_file
 
+from conftest import hf_gguf_reference
 from gguf_util import (
     BOOL,
     STR,
@@ -377,15 +378,15 @@ def test_vocab_is_the_embedding_rows_and_dtype(tmp_path: Path) -> None:
 
 def _compare_with_transformers(name: str) -> dict[str, object]:
     """Load the file both ways once; keep only the comparison (Gemma through transformers
-    takes about a minute and GBs of memory)."""
+    takes about a minute and GBs of memory: the reference model is shared with the logits
+    tests of test_shipped_llms.py through conftest)."""
     from handformer.pretrained.gguf import shipped_path
 
     path = shipped_path(name)
     config, ours = gguf_to_hf(path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            path.parent, gguf_file=path.name, dtype=torch.float32)
+        model = hf_gguf_reference(path)  # loaded once per session (conftest), shared
     theirs = model.state_dict()
     summary = {
         "only_ours": sorted(set(ours) - set(theirs)),
