@@ -3,18 +3,15 @@
 * a tiny Llama and a tiny Gemma 3 written to GGUF here (with llama.cpp's Q/K permutation and
   ``w + 1`` norms) load through ``load_lm`` equal to the same Hugging Face checkpoint loaded
   through ``load_lm``;
-* the two shipped files against transformers reading the same file (float32, eager): logits
-  within 2e-3 and the same argmax at every position on English, Chinese and code prompts;
-  greedy generation of 20 tokens identical (slow: transformers dequantizes for a minute);
+* a shipped name loads the same model as its file (the two shipped files against transformers
+  reading them are in test_shipped_llms.py);
 * the commands take the names: ``generate``, ``viz``; ``embed`` refuses them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
 import io
-import warnings
 from pathlib import Path
 
 import pytest
@@ -96,59 +93,13 @@ PROMPTS = {"en": "The animal didn't cross the street because it was too",
            "code": "def fibonacci(n):\n    if n < 2:\n        return n\n    return"}
 
 
-def _shipped_available(name: str) -> bool:
-    try:
-        from handformer.pretrained.gguf import shipped_path
-
-        shipped_path(name)
-    except (FileNotFoundError, ImportError, ValueError):
-        return False
-    return True
-
-
-def _compare(name: str) -> dict[str, object]:
-    """Both models on the prompts and greedy generation; only the numbers are kept."""
-    from handformer.pretrained.gguf import shipped_path
-
-    if not _shipped_available(name):
-        pytest.skip(f"{name} is not installed")
-    ours, tok = load_lm(name)
-    path = shipped_path(name)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        theirs = transformers.AutoModelForCausalLM.from_pretrained(
-            path.parent, gguf_file=path.name, dtype=torch.float32,
-            attn_implementation="eager").eval()
-    theirs.generation_config.eos_token_id = None
-    result: dict[str, object] = {"gap": {}, "argmax_same": {}, "greedy_same": {}}
-    for key, text in PROMPTS.items():
-        ids = torch.tensor([tok.encode(text, add_special_tokens=True)])
-        a, b = _logits(ours, ids), _logits(theirs, ids)
-        result["gap"][key] = (a - b).abs().max().item()
-        result["argmax_same"][key] = torch.equal(a.argmax(-1), b.argmax(-1))
-        with torch.no_grad():
-            mine = ours.generate(ids, max_new_tokens=20)
-            other = theirs.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20,
-                                    do_sample=False, pad_token_id=0)
-        result["greedy_same"][key] = mine.tolist() == other.tolist()
-    result["same_as_file"] = torch.equal(
-        _logits(ours, ids), _logits(load_lm(path, tokenizer=False)[0], ids))
-    del ours, theirs
-    gc.collect()
-    return result
-
-
-@pytest.fixture(scope="module", params=["smollm2-135m-instruct", "gemma3-270m"])
-def shipped(request: pytest.FixtureRequest) -> dict[str, object]:
-    return _compare(request.param)
-
-
-@pytest.mark.slow
-def test_shipped_logits_and_greedy_equal_transformers(shipped: dict) -> None:
-    assert all(gap <= 2e-3 for gap in shipped["gap"].values()), shipped["gap"]
-    assert all(shipped["argmax_same"].values()), shipped["argmax_same"]
-    assert all(shipped["greedy_same"].values()), shipped["greedy_same"]
-    assert shipped["same_as_file"]  # the name loads the same model as its file
+def test_a_shipped_name_loads_the_same_model_as_its_file(smollm2) -> None:
+    """The name resolves to the package's file (the comparison of both shipped files with
+    transformers is in test_shipped_llms.py, on the session's models)."""
+    model, tok = smollm2
+    ids = torch.tensor([tok.encode(PROMPTS["en"], add_special_tokens=True)])
+    by_name, _ = load_lm("smollm2-135m-instruct", tokenizer=False)
+    assert torch.equal(_logits(model, ids), _logits(by_name, ids))
 
 
 def _run(*argv: object) -> tuple[int, str, str]:
@@ -159,8 +110,6 @@ def _run(*argv: object) -> tuple[int, str, str]:
 
 
 def test_commands_take_a_shipped_name(tmp_path: Path) -> None:
-    if not _shipped_available("smollm2-135m-instruct"):
-        pytest.skip("smollm2-135m-instruct is not installed")
     code, out, err = _run("generate", "--model", "smollm2-135m-instruct", "--prompt",
                           "The capital of France is", "--max-new-tokens", 4)
     assert code == 0, err
