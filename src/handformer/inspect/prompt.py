@@ -36,18 +36,12 @@ def encode(tokenizer: object, text: str, *, add_special_tokens: bool = True) -> 
 
 def to_str_tokens(tokenizer: object, text: str) -> list[str]:
     """The tokens of ``text`` as strings (one per id of ``tokenizer.encode(text)``)."""
-    method = getattr(tokenizer, "to_str_tokens", None)
-    if callable(method):
-        return list(method(text))
-    return [tokenizer.decode([i]) for i in encode(tokenizer, text)]
+    return list(tokenizer.to_str_tokens(text))  # the tokenizer protocol
 
 
 def to_tokens(tokenizer: object, text: str) -> Tensor:
     """``(1, L)`` token ids of ``text`` (special tokens as ``tokenizer.encode`` adds them)."""
-    method = getattr(tokenizer, "to_tokens", None)
-    if callable(method):
-        return method(text)
-    return torch.tensor([encode(tokenizer, text)], dtype=torch.long)
+    return tokenizer.to_tokens(text)  # the tokenizer protocol
 
 
 def to_single_token(tokenizer: object, text: str) -> int:

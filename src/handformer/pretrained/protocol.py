@@ -41,9 +41,12 @@ class Tokenizer(Protocol):
         padding_side: ``"left"`` (causal language models) or ``"right"`` (encoders).
         bos_token_id, eos_token_id, pad_token_id, unk_token_id: the special ids, or None
             where the vocabulary has no such token.
+        chat_template: an instruct model's chat template (Jinja), or None (encoders, base
+            models, character vocabularies); ``apply_chat_template`` refuses None.
     """
 
     padding_side: str
+    chat_template: str | None
 
     @property
     def bos_token_id(self) -> int | None: ...
@@ -100,6 +103,17 @@ class TokenizerMethods:
     """
 
     padding_side: str = "left"
+    chat_template: str | None = None  # only instruct models' tokenizers have one
+
+    def apply_chat_template(self, messages: Sequence[object], *,
+                            add_generation_prompt: bool = True) -> str:
+        """A conversation as prompt text; this tokenizer has no chat template.
+
+        Raises:
+            ValueError: always (tokenizers with a template override this).
+        """
+        raise ValueError(f"{type(self).__name__} has no chat template (not an instruct "
+                         "model's tokenizer); pass the prompt as plain text instead")
 
     def __call__(self, texts: str | Sequence[str], *, padding: bool = True
                  ) -> dict[str, Tensor]:

@@ -226,7 +226,7 @@ class ModelState:
         kv = getattr(config, "num_kv_heads", None) or self.num_heads
         return {"model": self.name, "type": "causal-lm" if self.causal else "encoder",
                 "layers": self.num_layers, "heads": self.num_heads, "kv_heads": kv,
-                "chat_template": bool(getattr(self.tokenizer, "chat_template", None)),
+                "chat_template": bool(self.tokenizer.chat_template),
                 "max_tokens": self.max_tokens, "context": self.context,
                 "embed_tokens": self.embed_tokens,
                 "attention_kinds": list(KINDS),

@@ -291,9 +291,8 @@ def parse_generate(body: dict[str, object], state: ModelState) -> GenerateReques
 
 def _chat_prompt(body: dict[str, object], state: ModelState) -> str:
     """The prompt the model's chat template makes of ``messages`` (checked first)."""
-    template = getattr(state.tokenizer, "chat_template", None)
-    render = getattr(state.tokenizer, "apply_chat_template", None)
-    if not template or not callable(render):
+    render = state.tokenizer.apply_chat_template
+    if not state.tokenizer.chat_template:
         raise RequestError("messages", f"{state.name} has no chat template; send text instead")
     value = body["messages"]
     if not isinstance(value, list) or not 1 <= len(value) <= MAX_MESSAGES:
