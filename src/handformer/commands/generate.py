@@ -71,8 +71,11 @@ def load_model_and_tokenizer(folder: str | Path) -> tuple[object, object]:
     folder = Path(folder)
     config = folder / "config.json"
     if not config.is_file():
+        from handformer.pretrained.folders import hub_hint
+
+        hint = "" if folder.exists() else hub_hint(folder)  # "gpt2": say there is no hub
         raise FileNotFoundError(f"no config.json in {folder}: --model takes a GPT-2 or a "
-                                "CausalLM folder")
+                                f"CausalLM folder{hint}")
     try:
         model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
     except (ValueError, AttributeError) as exc:
