@@ -18,7 +18,8 @@ interleaved runs, median. Reported as throughput ratio = transformers time / han
   alternating); the per-round ratios are reported with their spread (min, median, max),
   because the machine is shared and one round can be disturbed. Beside them: the minor page
   faults per forward of each model (fresh memory the system hands out), which is where the
-  time went before ``FeedForward`` applied its activation in place (0.93-0.94x then).
+  time went before ``FeedForward`` applied its activation in place (0.93-0.94x then), and
+  the same model with the activation out of place again, timed in the same rounds.
 
 Loading: time and peak RSS growth of ``load_bert()`` in a fresh subprocess, beside the
 weights file size (target: growth <= 2x the file).
@@ -41,6 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import QUICK, interleaved, machine, machine_line, write_results  # noqa: E402
+from handformer.layers import FeedForward  # noqa: E402
 from handformer.pretrained import bundled_model_dir, embed, load_bert  # noqa: E402
 
 N, BATCH, REPEATS = (8, 4, 1) if QUICK else (256, 32, 3)
@@ -154,7 +156,18 @@ def bench_padded_forward() -> dict[str, object]:
                                                  attn_implementation="sdpa").eval()
     batches = [tokenizer(texts[i:i + PADDED_BATCH])
                for i in range(0, len(texts), PADDED_BATCH)]
-    models = {"handformer": model, "transformers": ref}
+
+    def out_of_place(**batch: torch.Tensor) -> object:
+        """handformer as before the fix: the activation allocates its own tensor."""
+        saved = FeedForward._may_overwrite
+        FeedForward._may_overwrite = lambda self, h: False
+        try:
+            return model(**batch)
+        finally:
+            FeedForward._may_overwrite = saved
+
+    models = {"handformer": model, "transformers": ref,
+              "handformer_out_of_place": out_of_place}
     with torch.no_grad():
         max_diff = max((model(**b).last_hidden_state - ref(**b).last_hidden_state)
                        .abs().max().item() for b in batches)
@@ -163,15 +176,16 @@ def bench_padded_forward() -> dict[str, object]:
                 m(**b)
         faults = {}
         for name, m in models.items():
-            before = minor_faults()
+            start_faults = minor_faults()
             for b in batches:
                 m(**b)
-            faults[name] = (minor_faults() - before) / len(batches)
+            faults[name] = (minor_faults() - start_faults) / len(batches)
         rounds: dict[str, list[float]] = {name: [] for name in models}
         for r in range(PADDED_ROUNDS):
             total = dict.fromkeys(models, 0.0)
             for i, b in enumerate(batches):
-                names = list(models) if (r + i) % 2 == 0 else list(models)[::-1]
+                shift = (r + i) % len(models)
+                names = list(models)[shift:] + list(models)[:shift]
                 for name in names:
                     start = time.perf_counter()
                     models[name](**b)
@@ -180,6 +194,8 @@ def bench_padded_forward() -> dict[str, object]:
                 rounds[name].append(total[name])
     ratios = sorted(t / h for h, t in zip(rounds["handformer"], rounds["transformers"],
                                           strict=True))
+    before = sorted(t / h for h, t in zip(rounds["handformer_out_of_place"],
+                                          rounds["transformers"], strict=True))
     return {"batches": len(batches), "batch": PADDED_BATCH, "words": [15, 50],
             "grad": "torch.no_grad()",
             "shapes": [list(b["input_ids"].shape) for b in batches],
@@ -189,10 +205,14 @@ def bench_padded_forward() -> dict[str, object]:
             "ratio_per_round": ratios, "ratio_median": statistics.median(ratios),
             "ratio_min": ratios[0], "ratio_max": ratios[-1],
             "minor_page_faults_per_forward": faults,
-            "note": "one round = the four batches through both models, each batch timed for "
-                    "both back to back (who goes first alternates); ratio = transformers "
-                    "seconds / handformer seconds. The machine is shared with other jobs, "
-                    "so single rounds can be disturbed: read the median and the spread."}
+            "ratio_out_of_place_median": statistics.median(before),
+            "ratio_out_of_place_min": before[0], "ratio_out_of_place_max": before[-1],
+            "note": "one round = the four batches through every model, each batch timed for "
+                    "all back to back (the order rotates); ratio = transformers seconds / "
+                    "handformer seconds. handformer_out_of_place is the same model with the "
+                    "feed-forward activation allocating its own tensor (as before issue 24's "
+                    "fix). The machine is shared with other jobs, so single rounds can be "
+                    "disturbed: read the median and the spread."}
 
 
 LOAD_SCRIPT = r"""
@@ -293,7 +313,11 @@ def main() -> int:
         f"{padded['ratio_median']:.2f} (shared machine: single rounds are noisy); "
         f"{padded['padding_share']:.0%} of the positions are padding; max |difference| "
         f"{padded['max_abs_diff']:.1e}. Minor page faults per forward (fresh memory): "
-        f"handformer {faults['handformer']:.0f}, transformers {faults['transformers']:.0f}.",
+        f"handformer {faults['handformer']:.0f}, transformers {faults['transformers']:.0f}, "
+        f"handformer with the activation out of place (before the fix) "
+        f"{faults['handformer_out_of_place']:.0f}, whose ratio is "
+        f"{padded['ratio_out_of_place_median']:.2f} (from {padded['ratio_out_of_place_min']:.2f} "
+        f"to {padded['ratio_out_of_place_max']:.2f}).",
     ]
     md += [
         "", "## Loading the bundled model (fresh process each, best time of the runs)", "",

@@ -262,7 +262,10 @@ def section_embed(data: dict) -> list[str]:
                 f"{padded['ratio_min']:.2f} to {padded['ratio_max']:.2f} on this shared "
                 "machine). Minor page faults per forward: handformer "
                 f"{faults.get('handformer', float('nan')):.0f}, transformers "
-                f"{faults.get('transformers', float('nan')):.0f}.", ""]
+                f"{faults.get('transformers', float('nan')):.0f}."
+                + (f" With the feed-forward activation out of place (as before the fix): "
+                   f"{padded['ratio_out_of_place_median']:.2f}."
+                   if "ratio_out_of_place_median" in padded else ""), ""]
     load_ = data.get("loading", {})
     if "handformer" in load_:
         h = load_["handformer"]

@@ -65,10 +65,9 @@ def test_every_model_command_refuses_absent_cuda_in_one_line(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     out_dir = tmp_path / "out"
-    extra = {"embed": [], "viz": ["--out", str(out_dir)],
-             "heads": ["a dog", "--out", str(out_dir)]}[command]
-    assert main([command, "the cat", "--model", str(bert_dir), "--device", "cuda",
-                 *extra]) == 2
+    extra = {"embed": [], "viz": ["--out", str(out_dir)], "heads": ["--out", str(out_dir)]}[command]
+    texts = ["the cat", "a dog"] if command == "heads" else ["the cat"]  # heads: TEXT_A TEXT_B
+    assert main([command, *texts, "--model", str(bert_dir), "--device", "cuda", *extra]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1
     assert captured.err.startswith(f"handformer {command}: error: --device cuda: ")

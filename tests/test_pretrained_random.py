@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers
 
-from handformer import FullAttention
+from handformer import FullAttention, LocalAttention
 from handformer.attention.kinds import AttentionKind
 from handformer.pretrained import BertConfig, BertModel, BertTokenizer, embed, load_bert
 from pretrained_util import tiny_checkpoint
@@ -131,7 +131,9 @@ def test_attention_kind_swaps_in_every_layer(tmp_path) -> None:
     factory_model, _ = load_bert(tmp_path, attention=Counting)
     assert isinstance(factory_model.encoder.layers[2].self_attn.attention, Counting)
     with pytest.raises(TypeError, match="attention must be"):
-        load_bert(tmp_path, attention="local")
+        load_bert(tmp_path, attention=42)
+    named, _ = load_bert(tmp_path, attention="local", window_size=3)  # names, as the CLI's
+    assert isinstance(named.encoder.layers[0].self_attn.attention, LocalAttention)
 
 
 def test_float64_load_and_embed_default_pooling(tmp_path) -> None:

@@ -497,6 +497,14 @@ def test_the_saving_line_makes_a_folder_handformer_loads(tmp_path, monkeypatch) 
     assert model.config.hidden_size == 16 and tok(["the cat"])["input_ids"].shape[0] == 1
 
 
+def test_generate_with_a_hub_name_says_the_same(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli(capsys, "generate", "--model", "gpt2", "--prompt", "Hello")
+    assert code == 2
+    assert "handformer reads local folders and files only (no model hub)" in err
+    assert "AutoModel.from_pretrained('gpt2').save_pretrained('gpt2')" in err
+
+
 def test_paths_that_are_no_hub_names_keep_the_short_message(tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match=r"^no checkpoint folder at /nonexistent/dir$"):
         load_bert("/nonexistent/dir")

@@ -83,8 +83,11 @@ def load_model_and_tokenizer(source: str | Path, *, command: str = "generate",
 
     path = Path(source)
     if not path.exists() and not is_causal_source(str(source)):
+        from handformer.pretrained.folders import hub_hint
+
         raise FileNotFoundError(f"no config.json in {source} (no such folder, .gguf file or "
-                                f"shipped name): --model takes {causal_choices()}")
+                                f"shipped name): --model takes {causal_choices()}"
+                                f"{hub_hint(path)}")  # "gpt2": say there is no hub
     if path.is_dir() and not (path / "config.json").is_file():
         raise FileNotFoundError(f"no config.json in {source}: --model takes "
                                 f"{causal_choices()}")
