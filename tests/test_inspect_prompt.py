@@ -61,6 +61,9 @@ def test_tokenizer_methods_are_used_when_present() -> None:
         def to_str_tokens(self, text: str) -> list[str]:
             return ["from the tokenizer"]
 
+        def to_tokens(self, text: str) -> torch.Tensor:
+            return torch.tensor([self.encode(text)])
+
     tok = Protocol()
     assert to_tokens(tok, "ab").tolist() == [[0, 1, 2]]  # special tokens as encode adds them
     assert to_str_tokens(tok, "ab") == ["from the tokenizer"]
