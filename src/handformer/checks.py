@@ -109,12 +109,7 @@ def check_scale(value: object) -> float | None:
     Raises:
         ValueError: for a bool, a non-number, zero, a negative, an infinite or a NaN value.
     """
-    if value is None:
-        return None
-    if (isinstance(value, bool) or not isinstance(value, (int, float))
-            or not math.isfinite(value) or value <= 0):
-        raise ValueError(f"scale must be None or a positive finite number, got {value!r}")
-    return float(value)
+    return _optional_positive_finite("scale", value)
 
 
 def check_softcap(value: object) -> float | None:
@@ -123,11 +118,15 @@ def check_softcap(value: object) -> float | None:
     Raises:
         ValueError: for a bool, a non-number, zero, a negative, an infinite or a NaN value.
     """
+    return _optional_positive_finite("softcap", value)
+
+
+def _optional_positive_finite(name: str, value: object) -> float | None:
     if value is None:
         return None
     if (isinstance(value, bool) or not isinstance(value, (int, float))
             or not math.isfinite(value) or value <= 0):
-        raise ValueError(f"softcap must be None or a positive finite number, got {value!r}")
+        raise ValueError(f"{name} must be None or a positive finite number, got {value!r}")
     return float(value)
 
 
