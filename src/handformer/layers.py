@@ -339,6 +339,15 @@ class MultiHeadAttention(nn.Module):
         return f"d_model={self.d_model}, num_heads={self.num_heads}{extra}, dropout={self.dropout}"
 
 
+def _check_ffn(d_model: int, d_ff: int, activation: str) -> tuple[str, Callable[..., Tensor]]:
+    """Validate a feed-forward's dims and activation name; return the name and function."""
+    check_positive_int("d_model", d_model)
+    check_positive_int("d_ff", d_ff)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    return activation, ACTIVATIONS[activation]
+
+
 class FeedForward(nn.Module):
     """Position-wise feed-forward: ``linear2(dropout(activation(linear1(x))))``.
 
@@ -356,14 +365,7 @@ class FeedForward(nn.Module):
     def __init__(self, d_model: int, d_ff: int, *, activation: str = "relu",
                  dropout: float = 0.0, bias: bool = True) -> None:
         super().__init__()
-        check_positive_int("d_model", d_model)
-        check_positive_int("d_ff", d_ff)
-        if activation not in ACTIVATIONS:
-            raise ValueError(
-                f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}"
-            )
-        self.activation_name = activation
-        self.activation = ACTIVATIONS[activation]
+        self.activation_name, self.activation = _check_ffn(d_model, d_ff, activation)
         self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
         self.dropout = Dropout(check_dropout("dropout", dropout))
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
@@ -428,14 +430,7 @@ class GatedFeedForward(nn.Module):
     def __init__(self, d_model: int, d_ff: int, *, activation: str = "silu", bias: bool = False,
                  dropout: float = 0.0) -> None:
         super().__init__()
-        check_positive_int("d_model", d_model)
-        check_positive_int("d_ff", d_ff)
-        if activation not in ACTIVATIONS:
-            raise ValueError(
-                f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}"
-            )
-        self.activation_name = activation
-        self.activation = ACTIVATIONS[activation]
+        self.activation_name, self.activation = _check_ffn(d_model, d_ff, activation)
         self.gate_proj = nn.Linear(d_model, d_ff, bias=bias)
         self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
         self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
