@@ -44,7 +44,23 @@ _IN_PLACE: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": torch.relu_,
     "gelu": torch.ops.aten.gelu_,
     "gelu_tanh": lambda x: torch.ops.aten.gelu_(x, approximate="tanh"),
+    "silu": lambda x: F.silu(x, inplace=True),
 }
+
+
+def _may_overwrite(h: Tensor, hook: HookPoint, linear: nn.Linear,
+                   activation: Callable[[Tensor], Tensor], name: str) -> bool:
+    """Whether nothing else can hold ``h``, the output of ``linear`` seen by ``hook``: no
+    autograd, no hook listening on ``hook``, no PyTorch forward hook on ``linear`` (or a global
+    one), a stock ``activation`` (not replaced on the module), not compiling. Then the
+    activation may overwrite ``h`` instead of allocating a second ``(B, L, d_ff)`` tensor.
+    """
+    if h.requires_grad or hook.listening() or torch.compiler.is_compiling():
+        return False
+    if linear._forward_hooks or activation is not ACTIVATIONS.get(name):
+        return False
+    module = torch.nn.modules.module
+    return not getattr(module, "_global_forward_hooks", None)
 
 
 def check_attention(attention: object) -> AttentionKind:
@@ -383,23 +399,12 @@ class FeedForward(nn.Module):
         transformers' speed (benchmarks/bench_embed.py).
         """
         h = self.hook_pre(self.linear1(x))  # (B, L, d_ff)
-        if self._may_overwrite(h):
+        if _may_overwrite(h, self.hook_pre, self.linear1, self.activation,
+                          self.activation_name):
             h = _IN_PLACE[self.activation_name](h)
         else:
             h = self.activation(h)
         return self.linear2(self.dropout(self.hook_post(h)))
-
-    def _may_overwrite(self, h: Tensor) -> bool:
-        """Whether nothing else can hold ``linear1``'s output ``h``: no autograd, no hook on
-        ``hook_pre``, no PyTorch forward hook on ``linear1`` (or a global one), not compiling.
-        """
-        if h.requires_grad or self.hook_pre.listening() or torch.compiler.is_compiling():
-            return False
-        if self.linear1._forward_hooks or self.activation is not ACTIVATIONS.get(
-                self.activation_name):
-            return False
-        module = torch.nn.modules.module
-        return not getattr(module, "_global_forward_hooks", None)
 
 
 class GatedFeedForward(nn.Module):
@@ -442,7 +447,12 @@ class GatedFeedForward(nn.Module):
         """``(B, L, E)`` -> ``(B, L, E)``."""
         gate = self.hook_pre(self.gate_proj(x))  # (B, L, d_ff)
         up = self.hook_pre_linear(self.up_proj(x))  # (B, L, d_ff)
-        return self.down_proj(self.dropout(self.hook_post(self.activation(gate) * up)))
+        if _may_overwrite(gate, self.hook_pre, self.gate_proj, self.activation,
+                          self.activation_name):  # as FeedForward: no second, third tensor
+            h = _IN_PLACE[self.activation_name](gate).mul_(up)
+        else:
+            h = self.activation(gate) * up
+        return self.down_proj(self.dropout(self.hook_post(h)))
 
 
 class EncoderLayer(nn.Module):
