@@ -36,6 +36,7 @@ import numpy as np
 import pytest
 
 import handformer
+from handformer.viz.html import VIEWER_SCRIPTS
 from test_tutorials import TUTORIALS, runnable, same_output
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -337,8 +338,9 @@ def test_attention_view_renders_inline_and_loads_nothing(run: Run) -> None:
     inner = scan(page)
     assert_loads_nothing_remote(inner, "the viewer's page")
     scripts = inner.text("script")
-    viewer_js = resources.files("handformer.viz").joinpath("viewer.js").read_text("utf-8")
-    assert viewer_js.strip() in scripts, "the page does not hold the viewer's script"
+    for name in VIEWER_SCRIPTS:
+        viewer_js = resources.files("handformer.viz").joinpath(name).read_text("utf-8")
+        assert viewer_js.strip() in scripts, f"the page does not hold the viewer's {name}"
     data = [parts for tag, attrs, parts in inner.blocks if attrs.get("id") == "hf-data"]
     assert len(data) == 1, "the page holds no viewer data"
     payload = json.loads("".join(data[0]))

@@ -23,7 +23,9 @@ import torch
 from handformer.attention.local import LocalAttention
 from handformer.attention.sparse import StridedAttention
 from handformer.pretrained import embed, load_bert
+from handformer.serve.page import SERVE_SCRIPTS
 from handformer.serve.wire import read_binary
+from handformer.viz.html import VIEWER_SCRIPTS
 from serve_util import ROOT, SEED, Server, cosine, raw_request, viewer_weights, zero_heads
 
 PAIR = "A tired animal stayed on the pavement"
@@ -329,13 +331,16 @@ def test_paths_cannot_escape(server, path):
 def test_static_files_and_page(client):
     js = client.get("/static/serve.js")
     assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
-    assert js.text == (ROOT / "src/handformer/serve/static/serve.js").read_text(encoding="utf-8")
+    # the files of static/, verbatim and in order, inside one function (see static/serve.js)
+    parts = [(ROOT / "src/handformer/serve/static" / name).read_text(encoding="utf-8")
+             for name in SERVE_SCRIPTS]
+    assert js.text == '"use strict";\n(function () {\n' + "\n".join(parts) + "})();\n"
     assert client.get("/static/state.py").status_code == 404
     assert client.get("/static/panel.html").status_code == 404  # only the listed files
     page = client.get("/")
     assert page.status_code == 200
-    viewer_js = (ROOT / "src/handformer/viz/viewer.js").read_text(encoding="utf-8")
-    assert viewer_js in page.text  # the viewer's own script, not a copy of it
+    for name in VIEWER_SCRIPTS:  # the viewer's own script, not a copy of it
+        assert (ROOT / "src/handformer/viz" / name).read_text(encoding="utf-8") in page.text
     assert "http://" not in page.text.replace("http://www.w3.org", "")
     csp = page.headers["content-security-policy"]
     assert "default-src 'none'" in csp and "connect-src 'self'" in csp

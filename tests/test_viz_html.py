@@ -5,6 +5,7 @@ import html
 import json
 import re
 import zlib
+from importlib import resources
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ import torch
 from handformer import Encoder, EncoderLayer
 from handformer.masks import window_mask
 from handformer.viz import AttentionView, render_html, save_html
+from handformer.viz.html import VIEWER_SCRIPTS
 
 TOKENS = ["[CLS]", "the", "animal", "didn", "'", "t", "cross", "the", "street", "because",
           "it", "was", "too", "tired", "[SEP]"]
@@ -54,6 +56,26 @@ def test_self_contained_no_urls_and_assets_inlined(attentions, tmp_path):
     data = payload(page)
     assert data["tokens"] == TOKENS and data["layers"] == 2 and data["heads"] == 4
     assert data["encoding"] == "raw" and data["pattern"] is None
+
+
+def test_one_inline_script_holds_the_viewer_files_in_order(attentions):
+    """The viewer's script files, verbatim and in VIEWER_SCRIPTS order, inside one function
+    (they share its names; none leaks to the page), then rollout.js, in one <script>."""
+    page = render_html(attentions, TOKENS)
+    scripts = re.findall(r"<script>(.*?)</script>", page, re.S)
+    assert len(scripts) == 1
+    script = scripts[0]
+    files = resources.files("handformer.viz")
+    parts = [files.joinpath(name).read_text(encoding="utf-8") for name in VIEWER_SCRIPTS]
+    where = [script.index(part) for part in parts]
+    assert where == sorted(where)
+    assert script.strip().startswith('"use strict";\n(function () {\n' + parts[0])
+    assert parts[-1] + "})();" in script
+    rollout = files.joinpath("rollout.js").read_text(encoding="utf-8")
+    assert script.rstrip().endswith(rollout.rstrip())
+    for name, part in zip(VIEWER_SCRIPTS, parts, strict=True):
+        assert "innerHTML" not in part, name  # text is set with textContent only
+        assert '"use strict"' not in part, name  # the joined script is strict as a whole
 
 
 def test_weights_round_trip(attentions):

@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from handformer.attention.cache import LayerCache, _check_step, _join_keep, _new_key_mask
+from handformer.attention.cache_base import LayerCache, _check_step, _join_keep, _new_key_mask
 from handformer.attention.functional import check_qkv, kv_groups, scaled_dot_product_attention
 from handformer.attention.kinds import AttentionKind, check_no_dropout
 from handformer.checks import check_non_negative_int, check_softcap, check_window_size

@@ -3,7 +3,9 @@ CSS and JavaScript as ``index.html``, not a copy) with the server's controls add
 
 The viewer page inlines its styles and script; the Content-Security-Policy allows exactly
 those inline blocks by their SHA-256 hashes, plus ``/static/`` files of this package, and
-nothing from any other origin. The page is built once at start-up around an example run.
+nothing from any other origin. The controls' script, ``/static/serve.js``, is the files of
+:data:`SERVE_SCRIPTS` in ``static/`` joined in that order inside one function (as the viewer's
+script is; see ``static/serve.js``). The page is built once at start-up around an example run.
 """
 
 from __future__ import annotations
@@ -17,11 +19,14 @@ from handformer.serve import compute
 from handformer.serve.state import ModelState
 from handformer.serve.validation import RunRequest
 
-__all__ = ["build_page", "STATIC_FILES", "static_files"]
+__all__ = ["build_page", "STATIC_FILES", "SERVE_SCRIPTS", "static_files", "serve_script"]
 
 EXAMPLE = "The animal didn't cross the street because it was too tired"
 # The files served under /static/: name -> content type. Nothing else is ever read.
 STATIC_FILES = {"serve.js": "text/javascript; charset=utf-8"}
+# /static/serve.js, in this order: the state, requests and runs; the attribution and head grid;
+# generation and chat; the model picker and the start-up (see static/serve.js).
+SERVE_SCRIPTS = ("serve.js", "serve_heads.js", "serve_generate.js", "serve_models.js")
 
 _INLINE = re.compile(r"<(script|style)>(.*?)</\1>", re.DOTALL)
 
@@ -31,9 +36,17 @@ def _asset(name: str) -> str:
         encoding="utf-8")
 
 
+def serve_script() -> str:
+    """``/static/serve.js``: the files of :data:`SERVE_SCRIPTS` joined inside one function."""
+    from handformer.viz.html import join_scripts
+
+    return join_scripts([_asset(name) for name in SERVE_SCRIPTS])
+
+
 def static_files() -> dict[str, tuple[bytes, str]]:
-    """The static files, read once: name -> (bytes, content type)."""
-    return {name: (_asset(name).encode("utf-8"), kind) for name, kind in STATIC_FILES.items()}
+    """The static files, built once: name -> (bytes, content type)."""
+    texts = {"serve.js": serve_script()}
+    return {name: (texts[name].encode("utf-8"), kind) for name, kind in STATIC_FILES.items()}
 
 
 def example_text(state: ModelState) -> str:
@@ -58,7 +71,7 @@ def build_page(state: ModelState, example: str) -> tuple[str, str]:
     """The page and its Content-Security-Policy header value.
 
     The page's one stylesheet is the viewer's ``viewer.css`` (inlined, with the controls'
-    rules in it); ``serve.js`` adds the controls' behaviour.
+    rules in it); ``/static/serve.js`` (:func:`serve_script`) adds the controls' behaviour.
 
     Args:
         state: the model the page opens on.

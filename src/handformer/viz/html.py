@@ -1,7 +1,10 @@
 """The self-contained HTML attention viewer: one file, no network, opens from disk.
 
-The page is ``viewer.html`` with ``viewer.css``, ``viewer.js`` and the data inlined. The data
-is compact JSON: tokens, one ``[lo, hi]`` range per head, and the weights quantised to 8 bits
+The page is ``viewer.html`` with ``viewer.css``, the viewer's script and the data inlined. The
+script is the files of :data:`VIEWER_SCRIPTS` joined in that order inside one function (they
+share its names; see ``viewer.js``), then ``rollout.js``: one inline script, which a strict
+Content-Security-Policy can allow by its hash (``handformer serve`` does). The data is compact
+JSON: tokens, one ``[lo, hi]`` range per head, and the weights quantised to 8 bits
 (deflate-compressed for large inputs, so 512 tokens x 6 layers x 12 heads is a few MB).
 
 Shape letters: ``N`` layers, ``H`` heads, ``L_q`` queries, ``L_k`` keys.
@@ -24,13 +27,31 @@ import numpy as np
 from handformer.viz.data import as_attention_layers, as_pattern, check_tokens, encode_weights
 from handformer.viz.files import write_atomic
 
-__all__ = ["render_html", "save_html", "describe_pattern", "viewer_payload", "viewer_page"]
+__all__ = ["render_html", "save_html", "describe_pattern", "viewer_payload", "viewer_page",
+           "viewer_script", "join_scripts", "VIEWER_SCRIPTS"]
 
 _PLACEHOLDER = re.compile(r"__HF_(TITLE|CSS|JS|DATA)__")
+# The viewer's script, in this order: the data and shared helpers, the heat-map view, the
+# head and model views, then the controls, which start the viewer (see viewer.js).
+VIEWER_SCRIPTS = ("viewer.js", "viewer_heat.js", "viewer_heads.js", "viewer_controls.js")
 
 
 def _asset(name: str) -> str:
     return resources.files("handformer.viz").joinpath(name).read_text(encoding="utf-8")
+
+
+def join_scripts(parts: Sequence[str]) -> str:
+    """Script files as one strict script: the texts in order, inside one function.
+
+    The parts share the function's scope (a name one defines at its top level, the others
+    use), and add no names to the page's global scope.
+    """
+    return '"use strict";\n(function () {\n' + "\n".join(parts) + "})();\n"
+
+
+def viewer_script() -> str:
+    """The viewer page's script: :data:`VIEWER_SCRIPTS` joined, then ``rollout.js``."""
+    return join_scripts([_asset(name) for name in VIEWER_SCRIPTS]) + "\n" + _asset("rollout.js")
 
 
 def _json_for_script(payload: dict[str, object]) -> str:
@@ -144,7 +165,7 @@ def viewer_page(payload: dict[str, object], *, title: str | None = None) -> str:
     """
     title = title or "Attention"
     parts = {"TITLE": html.escape(title), "CSS": _asset("viewer.css"),
-             "JS": _asset("viewer.js") + "\n" + _asset("rollout.js"),
+             "JS": viewer_script(),
              "DATA": _json_for_script(payload)}
     return _PLACEHOLDER.sub(lambda m: parts[m.group(1)], _asset("viewer.html"))
 

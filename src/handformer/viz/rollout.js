@@ -1,5 +1,6 @@
 /* handformer rollout view: drawn from D.rollout in #hf-data when the page has one
-   (handformer viz --rollout). Separate from viewer.js: it adds its own section after <main>.
+   (handformer viz --rollout). Separate from the viewer's script (viewer.js and its parts):
+   it adds its own section after <main>.
    The rollout matrix is 8-bit, scaled to [0, hi]; raw, rollout and flow rows are floats. */
 "use strict";
 (function () {
