@@ -3,8 +3,9 @@
     .venv/bin/python docs/make_figures.py            # every picture (about a minute on 2 cores)
     .venv/bin/python docs/make_figures.py patterns   # only the ones whose name contains it
 
-Nothing here is drawn by hand: the attention maps come from the bundled all-MiniLM-L6-v2 and
-from a model trained here on ``reverse``; the patterns come from the attention kinds; the
+Nothing here is drawn by hand: the attention maps come from the bundled all-MiniLM-L6-v2, from
+the shipped Gemma 3 270M (the Chinese tutorial's chapter 5, Chinese titles) and from a model
+trained here on ``reverse``; the patterns come from the attention kinds; the
 "seed, as written" panels run the arithmetic of the seed tutorial's section 7 masks. The cost
 curves of chapter 7 are drawn by docs/make_benchmarks.py from benchmarks/results/.
 
@@ -29,6 +30,7 @@ from handformer.viz import plot_attention, plot_heads, save_figure
 
 IMG = Path(__file__).resolve().parent / "img"
 SENTENCE = "The animal didn't cross the street because it was too tired"
+ZH_SENTENCE = "动物没有过马路，因为它太累了"  # the Chinese tutorial's, on Gemma 3
 PATTERN_CMAP = ListedColormap(["#eeeeee", "#3b4a6b"])  # blocked, allowed
 
 
@@ -56,6 +58,23 @@ def seed_attention() -> None:
     fig = plot_heads(attentions, tokens,
                      title="all-MiniLM-L6-v2 on the seed's sentence: 6 layers x 12 heads")
     save_figure(fig, IMG / "seed_heads.png")
+
+
+def zh_gemma() -> None:
+    """Chapter 5 of the Chinese tutorial: Gemma 3 270M on the Chinese sentence, one head and
+    every head, with the tutorial's (Chinese) titles."""
+    from handformer import inspect as hi
+    from handformer.pretrained import load_lm
+
+    gemma, tokenizer = load_lm("gemma3-270m")
+    tokens = hi.to_str_tokens(tokenizer, ZH_SENTENCE)
+    with torch.no_grad():
+        attentions = gemma(hi.to_tokens(tokenizer, ZH_SENTENCE), need_weights=True).attentions
+    fig = plot_attention(attentions[9][0, 2], tokens,
+                         title="Gemma 3 270M 第 9 层第 2 个头：“因为它”看向“动物”")
+    save_figure(fig, IMG / "zh_gemma_head.png")
+    fig = plot_heads(attentions, tokens, title="Gemma 3 270M：18 层 × 4 个头")
+    save_figure(fig, IMG / "zh_gemma_heads.png")
 
 
 # ---- chapter 7: what the seed's variants compute, and handformer's patterns ----------------
@@ -266,7 +285,8 @@ def inside_rollout() -> None:
     save_figure(fig, IMG / "inside_rollout.png")
 
 
-FIGURES = {"seed_attention": seed_attention, "seed_variants": seed_variants,
+FIGURES = {"seed_attention": seed_attention, "zh_gemma": zh_gemma,
+           "seed_variants": seed_variants,
            "patterns": patterns, "reverse_training": reverse_training,
            "inside_heads": inside_heads, "inside_rollout": inside_rollout}
 
