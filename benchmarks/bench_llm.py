@@ -49,6 +49,7 @@ FORWARD_LEN = 32 if QUICK else 512
 CONTEXTS = (16, 64) if QUICK else (128, 1024)
 NEW = 4 if QUICK else 32  # tokens generated per timed call
 REPEATS = 1 if QUICK else 5
+FORWARD_REPEATS = 1 if QUICK else 11  # the forward ratio sits near 1: more rounds, less noise
 THREADS = (1,) if QUICK else (1, 2)
 WINDOW = 8 if QUICK else 256  # the sliding layer of the cache measurement
 
@@ -101,7 +102,7 @@ def bench_threads(ours: torch.nn.Module, theirs: torch.nn.Module, threads: int) 
             theirs(ids)
 
     fwd = interleaved({"handformer": fwd_ours, "transformers": fwd_theirs},
-                      repeats=REPEATS, warmup=1)
+                      repeats=FORWARD_REPEATS, warmup=1)
     out: dict[str, object] = {
         "threads": threads, "forward_tokens": FORWARD_LEN,
         "forward_ms": {k: v * 1e3 for k, v in fwd.items()},
