@@ -27,8 +27,8 @@ and scores its cached patterns; :func:`detection_scores` scores patterns you alr
 page is ``detect_heads(model, probe, kind)``'s. (The page once showed another score, the mean
 attention on the target over the queries that have one: 1.0 for a perfect induction head, not
 0.5. TransformerLens' score is the field's reference, so it is the one kept; on one sequence
-the two differ by a monotone rescaling for previous-token and first-token heads, and nearly so
-for induction, so they rank heads alike.)
+of a causal model the two differ by a monotone rescaling for previous-token and first-token
+heads, and nearly so for induction, so they rank heads alike.)
 
 Shape letters: ``N`` layers, ``H`` heads, ``B`` batch, ``L`` length.
 """
