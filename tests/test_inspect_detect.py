@@ -7,7 +7,14 @@ import pytest
 import torch
 
 import handformer as hf
-from handformer.inspect import detect_heads, detection_pattern, hooks, run_with_cache
+from handformer.inspect import (
+    detect_heads,
+    detection_pattern,
+    detection_scores,
+    hooks,
+    perfect_score,
+    run_with_cache,
+)
 
 V = 30
 
@@ -131,6 +138,31 @@ def test_a_list_of_sequences_gives_the_mean() -> None:
     together = detect_heads(model, seqs, "duplicate_token", batch_size=2)
     alone = torch.stack([detect_heads(model, s, "duplicate_token") for s in seqs]).mean(0)
     torch.testing.assert_close(together, alone)
+
+
+@pytest.mark.parametrize("kind", ["previous_token", "bos", "duplicate_token", "induction"])
+def test_detection_scores_of_cached_patterns_are_detect_heads(kind: str) -> None:
+    model = tiny(4)
+    ids = torch.randint(0, V, (12,))
+    ids[6:] = ids[:6]
+    _, cache = run_with_cache(model, ids[None])
+    patterns = torch.stack([cache["pattern", layer][0] for layer in range(2)])  # (N, H, L, L)
+    for flags in ((False, False), (True, True)):
+        torch.testing.assert_close(
+            detection_scores(patterns, ids, kind, exclude_bos=flags[0],
+                             exclude_current_token=flags[1]),
+            detect_heads(model, ids, kind, exclude_bos=flags[0],
+                         exclude_current_token=flags[1]))
+    with pytest.raises(ValueError, match=r"patterns must be \(\.\.\., H, L, L\)"):
+        detection_scores(patterns[..., :5, :5], ids, kind)
+
+
+def test_perfect_score_is_the_share_of_queries_with_a_target() -> None:
+    tokens = torch.tensor([0, 7, 8, 9, 7, 8, 9])  # a leading token, then 3 tokens twice
+    assert perfect_score(tokens, "induction") == pytest.approx(3 / 7)
+    assert perfect_score(tokens, "previous_token") == pytest.approx(6 / 7)
+    assert perfect_score(tokens, "bos") == 1.0
+    assert perfect_score(tokens, "duplicate_token") == pytest.approx(3 / 7)
 
 
 def test_bad_inputs() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import time
 from pathlib import Path
 
@@ -279,6 +280,9 @@ def test_model_picker_switches_and_reports_a_failed_load(driver, server):
     wait_for(driver, "return document.body.dataset.svScores || null", "1", timeout=60)
     bars = driver.find_elements(By.CSS_SELECTOR, '#sv-grid button[data-l="1"] .bars i')
     assert len(bars) == 8 * 3 // 2  # three detector bars per head of layer 1
+    tip = driver.find_element(By.CSS_SELECTOR, '#sv-grid button[data-l="1"][data-h="0"]'
+                              ).get_attribute("title")  # detect_heads' number, and its ceiling
+    assert re.search(r"induction: [01]\.\d\d \(a perfect head: 0\.\d\d\)", tip), tip
     # a model that cannot be loaded: the error is shown, the page stays on lm
     Select(driver.find_element(By.ID, "sv-model")).select_by_value("broken")
     wait_for(driver, "return document.body.dataset.svError.includes('could not be loaded')",

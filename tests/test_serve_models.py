@@ -1,6 +1,6 @@
 """``handformer serve`` with several models and under load: lazy loading, a model that fails to
 load (503, the server keeps serving), one generation per client at a time (429), detector
-scores (against a float64 recomputation on the same probe), GQA and chat fields."""
+scores (detect_heads' on the same probe, and a float64 recomputation), GQA and chat fields."""
 
 from __future__ import annotations
 
@@ -138,7 +138,33 @@ def test_request_size_limit_holds_with_several_models(server):
         assert r.status_code == 413
 
 
-def test_detector_scores_match_a_float64_recomputation(folders):
+def _mul_scores(attn: torch.Tensor, ids: list[int]) -> dict[str, torch.Tensor]:
+    """TransformerLens' "mul" scores written out with loops, in float64: for each head,
+    sum(A * P) / sum(A) with P the 0/1 detection pattern of the page's three detectors; and a
+    perfect head's score (the share of queries with a target)."""
+    L = len(ids)
+    targets = {  # (query i, key j) -> on the pattern
+        "previous_token": lambda i, j: j == i - 1,
+        "first_token": lambda i, j: j == 0,
+        "induction": lambda i, j: 1 <= j <= i and any(
+            ids[m] == ids[i] and m + 1 == j for m in range(i)),
+    }
+    N, H = attn.shape[:2]
+    out, perfect = {}, {}
+    for name, on in targets.items():
+        P = torch.tensor([[float(on(i, j)) for j in range(L)] for i in range(L)],
+                         dtype=torch.float64)
+        out[name] = torch.tensor([[float((attn[n, h] * P).sum() / attn[n, h].sum())
+                                   for h in range(H)] for n in range(N)], dtype=torch.float64)
+        perfect[name] = round(sum(float(P[i].sum() > 0) for i in range(L)) / L, 4)
+    return out, perfect
+
+
+def test_detector_scores_are_detect_heads_on_the_probe(folders):
+    """The page's numbers are ``detect_heads(model, probe, kind)``'s, and both are the "mul"
+    score recomputed here from float64 attention weights."""
+    from handformer.inspect import detect_heads
+
     lm, _ = folders
     state = ModelState(lm)
     got = head_scores(state)
@@ -147,36 +173,44 @@ def test_detector_scores_match_a_float64_recomputation(folders):
     T = (len(ids) - offset) // 2
     assert ids[offset:offset + T] == ids[offset + T:]  # the probe repeats itself
     model = state.model.double()
-    with torch.inference_mode():
-        attn = torch.stack([a[0] for a in model(torch.tensor([ids]), need_weights=True)
-                            .attentions])  # (N, H, L, L) float64
-    state.model.float()
-    L = attn.shape[-1]
-    prev = torch.stack([attn[:, :, i, i - 1] for i in range(1, L)], -1).mean(-1)
-    first = torch.stack([attn[:, :, i, 0] for i in range(1, L)], -1).mean(-1)
-    induction = torch.stack([attn[:, :, offset + T + k, offset + k + 1] for k in range(T - 1)],
-                            -1).mean(-1)
-    for name, ref in (("previous_token", prev), ("first_token", first),
-                      ("induction", induction)):
-        assert torch.allclose(torch.tensor(got[name], dtype=torch.float64), ref, atol=2e-4), name
+    try:
+        with torch.inference_mode():
+            attn = torch.stack([a[0] for a in model(torch.tensor([ids]), need_weights=True)
+                                .attentions])  # (N, H, L, L) float64
+    finally:
+        state.model.float()
+    expected, perfect = _mul_scores(attn, ids)
+    kinds = {"previous_token": "previous_token", "induction": "induction", "first_token": "bos"}
+    for name, kind in kinds.items():
+        page = torch.tensor(got[name], dtype=torch.float64)
+        torch.testing.assert_close(page, expected[name], atol=2e-4, rtol=0, msg=name)
+        direct = detect_heads(state.model, torch.tensor([ids]), kind, progress=False)
+        torch.testing.assert_close(page, direct, atol=1e-4, rtol=0, msg=name)
+    assert got["probe"]["perfect"] == perfect
+    L = len(ids)
+    assert perfect["previous_token"] == round((L - 1) / L, 4) and perfect["first_token"] == 1
+    assert perfect["induction"] >= round(T / L, 4)  # the second copy, and any repeats in it
 
 
 def test_detector_scores_find_planted_heads():
     # Hand-made patterns: head 0 previous-token, head 1 induction, head 2 first-token.
     offset, T = 1, 6
+    ids = [0] + list(range(1, T + 1)) * 2
     L = offset + 2 * T
     attn = torch.zeros(1, 3, L, L)
     for i in range(L):
         attn[0, 0, i, max(i - 1, 0)] = 1
         attn[0, 2, i, 0] = 1
         attn[0, 1, i, i] = 1
-    for k in range(T - 1):
+    for k in range(T):
         q = offset + T + k
         attn[0, 1, q] = 0
         attn[0, 1, q, offset + k + 1] = 1
-    s = scores_from_attention(attn, offset, T)
-    assert s["previous_token"][0].argmax() == 0 and s["previous_token"][0, 0] == 1
-    assert s["induction"][0].argmax() == 1 and s["induction"][0, 1] == 1
+    s = scores_from_attention(attn, ids)
+    # the "mul" score: query 0 has no previous token, the first copy no induction target
+    assert s["previous_token"][0].argmax() == 0
+    assert s["previous_token"][0, 0].item() == pytest.approx((L - 1) / L)
+    assert s["induction"][0].argmax() == 1 and s["induction"][0, 1].item() == pytest.approx(T / L)
     assert s["first_token"][0].argmax() == 2 and s["first_token"][0, 2] == 1
 
 
@@ -187,6 +221,7 @@ def test_api_heads_endpoint(server):
         enc = c.get("/api/heads", params={"model": "all-MiniLM-L6-v2"}).json()
         assert len(enc["previous_token"]) == 6 and len(enc["previous_token"][0]) == 12
         assert all(0 <= v <= 1 for row in enc["first_token"] for v in row)
+        assert set(enc["probe"]["perfect"]) == {"previous_token", "induction", "first_token"}
 
 
 class _ChatTokenizer:

@@ -8,8 +8,8 @@ Every handformer model passes its intermediate tensors through named hook points
 (Abnar & Zuidema 2020); :func:`faithfulness` sets them beside token ablation;
 :func:`logit_lens` and :func:`similarity_lens` read every layer in the output space.
 The cache's direct logit attribution (``cache.decompose_resid()``, ``cache.logit_attrs(...)``,
-:mod:`~handformer.inspect.attribution`), :func:`detect_heads` and
-:func:`attribution_patching` look inside causal language models.
+:mod:`~handformer.inspect.attribution`), :func:`detect_heads` (:func:`detection_scores` for
+patterns you have) and :func:`attribution_patching` look inside causal language models.
 This package stands on the models and knows nothing of pictures (:mod:`handformer.viz`
 draws what it computes).
 """
@@ -22,7 +22,12 @@ from handformer.inspect.ablation import (
     patching_sweep,
 )
 from handformer.inspect.attr_patching import attribution_patching
-from handformer.inspect.detect import detect_heads, detection_pattern
+from handformer.inspect.detect import (
+    detect_heads,
+    detection_pattern,
+    detection_scores,
+    perfect_score,
+)
 from handformer.inspect.faithfulness import Faithfulness, faithfulness, spearman
 from handformer.inspect.flow import attention_flow
 from handformer.inspect.lens import (
@@ -67,6 +72,8 @@ __all__ = [
     "attribution_patching",
     "detect_heads",
     "detection_pattern",
+    "detection_scores",
+    "perfect_score",
     "test_prompt",
     "AnswerRank",
     "to_str_tokens",

@@ -18,7 +18,17 @@ sums). Several sequences give the mean of their scores. The patterns:
 
 A query with no target (the first half of a repeated sequence has none for induction) keeps
 its attention in the denominator, as TransformerLens does: a perfect induction head on a
-sequence repeated once scores about 0.5.
+sequence repeated once scores about 0.5. :func:`perfect_score` gives that ceiling for a
+sequence (the share of queries that have a target).
+
+This is the one definition of the scores in handformer: :func:`detect_heads` runs the model
+and scores its cached patterns; :func:`detection_scores` scores patterns you already have. The
+``handformer serve`` page's head grid calls it on its probe's attention, so a number on the
+page is ``detect_heads(model, probe, kind)``'s. (The page once showed another score, the mean
+attention on the target over the queries that have one: 1.0 for a perfect induction head, not
+0.5. TransformerLens' score is the field's reference, so it is the one kept; on one sequence
+of a causal model the two differ by a monotone rescaling for previous-token and first-token
+heads, and nearly so for induction, so they rank heads alike.)
 
 Shape letters: ``N`` layers, ``H`` heads, ``B`` batch, ``L`` length.
 """
@@ -34,7 +44,8 @@ from handformer.inspect.points import attention_layers
 from handformer.inspect.run import run_with_cache
 from handformer.inspect.shares import my_share, progress_bar, reduce_sum
 
-__all__ = ["detect_heads", "detection_pattern", "KINDS"]
+__all__ = ["detect_heads", "detection_scores", "detection_pattern", "perfect_score",
+           "KINDS"]
 
 KINDS = ("previous_token", "duplicate_token", "induction", "bos")
 
@@ -62,6 +73,65 @@ def detection_pattern(tokens: Tensor, kind: str) -> Tensor:
     raise ValueError(f"kind must be one of {KINDS} or an (L, L) tensor, got {kind!r}")
 
 
+def _check_kind(kind: object) -> None:
+    if not isinstance(kind, Tensor) and kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS} or an (L, L) tensor, got {kind!r}")
+
+
+def _target(tokens: Tensor, kind: str | Tensor) -> Tensor:
+    """The detection pattern ``(L, L)`` of one sequence: named, or a custom one checked."""
+    if isinstance(kind, str):
+        return detection_pattern(tokens, kind)
+    L = tokens.shape[-1]
+    if kind.dim() != 2 or tuple(kind.shape) != (L, L):
+        raise ValueError(f"a custom detection pattern must be (L, L) for sequences of one "
+                         f"length L; got pattern {tuple(kind.shape)} for lengths [{L}]")
+    return kind
+
+
+def perfect_score(tokens: Tensor, kind: str | Tensor) -> float:
+    """The score of a perfect head on one sequence ``(L,)`` (no exclusions): the share of
+    queries whose detection-pattern row is not empty (``L_with_target / L``).
+
+    Raises:
+        ValueError: for an unknown kind or a custom pattern of the wrong shape.
+    """
+    _check_kind(kind)
+    tokens = torch.as_tensor(tokens)
+    return float(_target(tokens, kind).bool().any(-1).double().mean())
+
+
+def detection_scores(patterns: Tensor, tokens: Tensor, kind: str | Tensor, *,
+                     exclude_bos: bool = False, exclude_current_token: bool = False) -> Tensor:
+    """The "mul" scores of attention patterns you already have, for one sequence.
+
+    ``detect_heads`` is this on the model's cached ``hook_pattern`` s, averaged over the
+    sequences.
+
+    Args:
+        patterns: ``(..., H, L, L)`` attention weights on ``tokens`` (e.g. ``(N, H, L, L)``,
+            every layer's).
+        tokens: ``(L,)`` the sequence's token ids.
+        kind: as for :func:`detect_heads`.
+        exclude_bos: leave key 0 out of both sums.
+        exclude_current_token: leave the diagonal out of both sums.
+
+    Returns:
+        ``(..., H)`` float64 scores in ``[0, 1]``, on ``patterns``' device.
+
+    Raises:
+        ValueError: for an unknown kind, a custom pattern or ``patterns`` of the wrong shape.
+    """
+    _check_kind(kind)
+    tokens = torch.as_tensor(tokens)
+    L = tokens.shape[-1]
+    if tokens.dim() != 1 or patterns.dim() < 3 or tuple(patterns.shape[-2:]) != (L, L):
+        raise ValueError(f"patterns must be (..., H, L, L) for tokens (L,); got patterns "
+                         f"{tuple(patterns.shape)} for tokens {tuple(tokens.shape)}")
+    target = _target(tokens.to(patterns.device), kind).to(patterns.device)
+    return _score(patterns, target, exclude_bos, exclude_current_token)
+
+
 def _sequences(input_ids: object) -> list[Tensor]:
     """The sequences ``(L,)`` of a ``(B, L)`` / ``(L,)`` tensor or a list of them."""
     if isinstance(input_ids, Tensor):
@@ -86,7 +156,8 @@ def _sequences(input_ids: object) -> list[Tensor]:
 
 def _score(patterns: Tensor, target: Tensor, exclude_bos: bool,
            exclude_current_token: bool) -> Tensor:
-    """"mul" scores ``(..., H)`` of patterns ``(..., H, L, L)`` against ``(..., 1, L, L)``."""
+    """"mul" scores ``(..., H)`` of patterns ``(..., H, L, L)`` against a detection pattern
+    broadcastable to them (``(L, L)``, or ``(B, 1, 1, L, L)`` for a batch): the one formula."""
     A = patterns.double()
     if exclude_bos:
         A = A.clone()
@@ -125,8 +196,7 @@ def detect_heads(model: nn.Module, input_ids: object, kind: str | Tensor, *,
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    if isinstance(kind, str) and kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS} or an (L, L) tensor, got {kind!r}")
+    _check_kind(kind)
     seqs = _sequences(input_ids)
     if isinstance(kind, Tensor):
         lengths = {s.shape[0] for s in seqs}
@@ -151,9 +221,7 @@ def detect_heads(model: nn.Module, input_ids: object, kind: str | Tensor, *,
                 chunk = torch.stack(group[start:start + batch_size]).to(device)  # (B, L)
                 _, cache = run_with_cache(model, chunk, names=names)
                 patterns = torch.stack([cache[n] for n in names], 1)  # (B, N, H, L, L)
-                targets = torch.stack([
-                    kind if isinstance(kind, Tensor) else detection_pattern(s, kind)
-                    for s in chunk])  # (B, L, L)
+                targets = torch.stack([_target(s, kind) for s in chunk])  # (B, L, L)
                 scores = _score(patterns, targets[:, None, None].to(patterns.device),
                                 exclude_bos, exclude_current_token)  # (B, N, H)
                 total += scores.sum(0).cpu()

@@ -6,7 +6,14 @@
 const DETECTORS = [["previous_token", "previous token", "#0072B2"],
                    ["induction", "induction", "#E69F00"],
                    ["first_token", "first token", "#009E73"]];
-const STRONG = 0.4;  // a detector score that outlines the head in the grid
+const STRONG = 0.4;  // outline a head scoring this share of a perfect head's score or more
+
+// What a perfect head would score on the probe (induction: about 0.5, the first copy has
+// nothing to find); older answers without it: 1.
+function perfect(d) {
+  const p = scores && scores.probe && scores.probe.perfect;
+  return p && p[d[0]] > 0 ? p[d[0]] : 1;
+}
 
 // ---- direct logit attribution of the answer token (causal models) ----------------------
 function hasAttribution() {
@@ -106,8 +113,9 @@ function legend() {
       info.kv_heads + " key/value heads (" + info.heads / info.kv_heads + " each; shaded groups)."));
   }
   if (scores) {
-    box.appendChild(el("span", null, "Bars: detector scores on a probe of " + scores.probe.description +
-      "; a head scoring " + STRONG + " or more is outlined in that colour:"));
+    box.appendChild(el("span", null, "Bars: detector scores (detect_heads') on a probe of " +
+      scores.probe.description + ", as a share of a perfect head's; a head at " + STRONG +
+      " of it or more is outlined in that colour:"));
     DETECTORS.forEach(function (d) {
       const s = el("span");
       const sw = el("span", "sw");
@@ -135,12 +143,12 @@ function paintGrid() {
     if (scores) {
       let best = null;
       DETECTORS.forEach(function (d) {
-        const v = scores[d[0]][l][h], i = el("i");
-        i.style.height = Math.max(1, Math.round(12 * Math.min(1, v))) + "px";
+        const v = scores[d[0]][l][h], share = Math.min(1, v / perfect(d)), i = el("i");
+        i.style.height = Math.max(1, Math.round(12 * share)) + "px";
         i.style.background = d[2];
         bars.appendChild(i);
-        lines.push(d[1] + ": " + v.toFixed(2));
-        if (v >= STRONG && (!best || v > best[0])) best = [v, d];
+        lines.push(d[1] + ": " + v.toFixed(2) + " (a perfect head: " + perfect(d).toFixed(2) + ")");
+        if (share >= STRONG && (!best || share > best[0])) best = [share, d];
       });
       if (best && !off) {  // outlined in its detector's colour: a head worth a click
         b.classList.add("strong");
