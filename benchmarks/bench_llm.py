@@ -6,8 +6,11 @@ d_ff 1536, vocabulary 49152, tied head; 538 MB of float32) saved as a Llama fold
 float32, batch 1, at 1 and 2 torch threads, all calls interleaved round by round (medians):
 
 1. forward of 512 tokens; target handformer / transformers <= 1.0;
-2. greedy decoding, ms per new token after contexts of 128 and 1024 tokens
-   (``(t(N) - t(1)) / (N - 1)``: the prefill cancels out); identical tokens checked;
+2. greedy decoding, ms per new token after contexts of 128 and 1024 tokens: a streamer
+   timestamps every new token of both ``generate``s, and the time from the first new token to
+   the last over the ``N - 1`` steps between them is decoding alone (the prefill comes before
+   the first token; taking it out by ``(t(N) - t(1)) / (N - 1)`` left its noise, divided by
+   ``N - 1``, in the figure); identical tokens checked;
    target <= 0.9 x transformers, and <= 1.3 x the floor;
 3. the floor, measured in the same run: one step's matrix-vector products (every Linear of
    the model and the tied LM head, batch-1 input) plus one fused attention per layer over a
@@ -27,6 +30,7 @@ model, for the smoke test).
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -37,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import QUICK, interleaved, machine, machine_line, write_results  # noqa: E402
+from common import QUICK, interleaved, interleaved_runs, machine, machine_line, write_results  # noqa: E402
 from handformer.pretrained import load_lm  # noqa: E402
 
 SHAPE = (dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -88,6 +92,30 @@ def floor_step(ours: torch.nn.Module, context: int) -> callable:
     return step
 
 
+class TokenClock:
+    """A streamer for both ``generate``s: the time of every new token. The seconds between
+    the first new token and the last, over the steps between them, are decoding alone (the
+    prefill, which a whole ``generate`` call also times, is before the first token)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.prompt_seen = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if value.dim() == 2 and not self.prompt_seen:  # transformers first passes the prompt
+            self.prompt_seen = True
+            return
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+    def seconds_per_step(self) -> float:
+        if len(self.times) != NEW:
+            raise RuntimeError(f"expected {NEW} new tokens, saw {len(self.times)}")
+        return (self.times[-1] - self.times[0]) / (NEW - 1)
+
+
 def bench_threads(ours: torch.nn.Module, theirs: torch.nn.Module, threads: int) -> dict:
     torch.set_num_threads(threads)
     V = SHAPE["vocab_size"]
@@ -111,34 +139,40 @@ def bench_threads(ours: torch.nn.Module, theirs: torch.nn.Module, threads: int) 
           f"{fwd['handformer'] * 1e3:.0f} ms, transformers {fwd['transformers'] * 1e3:.0f} ms, "
           f"ratio {out['forward_ratio']:.2f} (target <= 1.0)", flush=True)
 
-    def gen_theirs(prompt: torch.Tensor, n: int) -> torch.Tensor:
+    def gen_theirs(prompt: torch.Tensor, n: int, streamer: object = None) -> torch.Tensor:
         with torch.inference_mode(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return theirs.generate(prompt, attention_mask=torch.ones_like(prompt),
-                                   max_new_tokens=n, do_sample=False, pad_token_id=0)
+                                   max_new_tokens=n, do_sample=False, pad_token_id=0,
+                                   streamer=streamer)
 
-    def gen_ours(prompt: torch.Tensor, n: int) -> torch.Tensor:
+    def gen_ours(prompt: torch.Tensor, n: int, streamer: object = None) -> torch.Tensor:
         with torch.inference_mode():
-            return ours.generate(prompt, max_new_tokens=n)
+            return ours.generate(prompt, max_new_tokens=n,
+                                 streamer=None if streamer is None else streamer.put)
 
     for context in CONTEXTS:
         prompt = torch.randint(0, V, (1, context), generator=torch.Generator().manual_seed(2))
         same = gen_ours(prompt, NEW).tolist() == gen_theirs(prompt, NEW).tolist()
         step = floor_step(ours, context)
+        steps: dict[str, list[float]] = {"handformer": [], "transformers": [], "floor": []}
 
-        def floor(n: int, step: callable = step) -> None:
-            for _ in range(n):
+        def decode(name: str, fn: callable, p: torch.Tensor = prompt,
+                   steps: dict[str, list[float]] = steps) -> None:
+            clock = TokenClock()
+            fn(p, NEW, clock)
+            steps[name].append(clock.seconds_per_step())
+
+        def floor(step: callable = step, steps: dict[str, list[float]] = steps) -> None:
+            start = time.perf_counter()
+            for _ in range(NEW - 1):
                 step()
+            steps["floor"].append((time.perf_counter() - start) / (NEW - 1))
 
-        fns = {}
-        for name, fn in (("handformer", gen_ours), ("transformers", gen_theirs)):
-            fns[(name, NEW)] = lambda fn=fn, p=prompt: fn(p, NEW)
-            fns[(name, 1)] = lambda fn=fn, p=prompt: fn(p, 1)
-        fns[("floor", NEW - 1)] = lambda: floor(NEW - 1)
-        t = interleaved(fns, repeats=REPEATS, warmup=1)
-        ms = {name: (t[(name, NEW)] - t[(name, 1)]) / (NEW - 1) * 1e3
-              for name in ("handformer", "transformers")}
-        ms["floor"] = t[("floor", NEW - 1)] / (NEW - 1) * 1e3
+        interleaved_runs({"handformer": lambda: decode("handformer", gen_ours),
+                          "transformers": lambda: decode("transformers", gen_theirs),
+                          "floor": floor}, repeats=REPEATS, warmup=1)
+        ms = {name: statistics.median(t[1:]) * 1e3 for name, t in steps.items()}  # no warmup
         row = {"context": context, "new_tokens": NEW, "identical_tokens": same,
                "ms_per_token": ms, "ratio_vs_transformers": ms["handformer"] / ms["transformers"],
                "ratio_vs_floor": ms["handformer"] / ms["floor"],

@@ -543,8 +543,9 @@ def section_llm(data: dict) -> list[str]:
            f"Random weights in SmolLM2-135M's shape saved as a Llama folder, loaded by "
            f"`load_lm` and by transformers {data['transformers']} (sdpa); float32, batch 1. "
            f"The floor is one step's matrix-vector products plus one fused attention per "
-           f"layer over the cache, measured in the same run. Load average at the start: "
-           f"{load:.1f}.", "",
+           f"layer over the cache, measured in the same run. Decoding is timed by a streamer "
+           f"from the first new token to the last (the prefill excluded), medians of "
+           f"interleaved rounds. Load average at the start: {load:.1f}.", "",
            "| threads | measurement | handformer | transformers | floor | ratio | target |",
            "|---|---|---|---|---|---|---|"]
     for r in data["threads"]:

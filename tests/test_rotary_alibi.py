@@ -166,3 +166,23 @@ def test_rotary_and_alibi_run_on_a_device_without_float64(
     # The CPU path is the float64 one: the float32 bias equals the float64 formula, cast.
     torch.testing.assert_close(hf.ALiBi(4)(5, 7), hf.ALiBi(4)(5, 7, dtype=torch.float64).float(),
                                rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rotation_is_the_two_halves_written_out_bit_for_bit(dtype: torch.dtype) -> None:
+    """``x * [cos, cos] + [x2, x1] * [-sin, sin]`` is ``(x1 cos - x2 sin, x2 cos + x1 sin)``
+    with the same roundings: equal bits, not only close."""
+    torch.manual_seed(0)
+    rope = hf.RotaryEmbedding(8, base=500.0)
+    x = torch.randn(2, 3, 5, 8, dtype=dtype)
+    positions = torch.tensor([[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]])
+    angles = positions.double()[:, None, :, None] * (
+        500.0 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8))  # (B, 1, L, D/2)
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    x1, x2 = x[..., :4], x[..., 4:]
+    expected = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    assert torch.equal(rope.rotate(x, positions), expected)
+    # the tables: [cos, cos] and [-sin, sin]
+    full_cos, signed_sin = rope.tables(positions, dtype, torch.device("cpu"))
+    assert torch.equal(full_cos, torch.cat([cos, cos], dim=-1))
+    assert torch.equal(signed_sin, torch.cat([-sin, sin], dim=-1))

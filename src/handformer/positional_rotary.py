@@ -205,22 +205,40 @@ class RotaryEmbedding(nn.Module):
             * self._inv_freq  # (B, 1, L, D/2)
         return angles.cos().to(device, dtype), angles.sin().to(device, dtype)
 
+    def tables(self, positions: Tensor, dtype: torch.dtype, device: torch.device
+               ) -> tuple[Tensor, Tensor]:
+        """The tables :meth:`rotate_with` multiplies by, each ``(B, 1, L, D)``: the cosines
+        twice, ``[cos, cos]``, and the sines with the first half negated, ``[-sin, sin]``
+        (from :meth:`cos_sin`)."""
+        cos, sin = self.cos_sin(positions, dtype, device)  # (B, 1, L, D/2) each
+        return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)  # (B, 1, L, D)
+
     def rotate_with(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        """Rotate ``x: (B, H, L, D)`` by the angles whose ``cos`` and ``sin`` are given
-        (from :meth:`cos_sin`, ``(B, 1, L, D/2)``): one table for ``q``, ``k`` and every layer."""
+        """Rotate ``x: (B, H, L, D)`` by the tables of :meth:`tables`, ``(B, 1, L, D)``: one
+        table for ``q``, ``k`` and every layer.
+
+        Feature ``i`` of the first half and feature ``i`` of the second, ``(x1, x2)``, turn
+        by angle ``p * theta_i`` into ``(x1 cos - x2 sin, x2 cos + x1 sin)``: that is
+        ``x * [cos, cos] + [x2, x1] * [-sin, sin]``, the same products and sums (so the same
+        bits) as writing the two halves out, in four operations and no concatenation.
+        """
         if x.shape[-1] != self.dim:
             raise ValueError(f"x has {x.shape[-1]} features, rotary dim is {self.dim}")
         if cos.shape[-2] != x.shape[-2]:
             raise ValueError(f"positions of length {cos.shape[-2]} do not match the length of "
                              f"x {tuple(x.shape)}")
-        x1, x2 = x.to(cos.dtype).chunk(2, dim=-1)  # 2 x (B, H, L, D/2)
-        out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)  # (B, H, L, D)
+        if cos.shape[-1] != self.dim:
+            raise ValueError(f"rotation tables have {cos.shape[-1]} features, rotary dim is "
+                             f"{self.dim} (make them with tables(positions, ...))")
+        xc = x.to(cos.dtype)  # float32 (or float64) arithmetic for half inputs
+        swapped = xc.unflatten(-1, (2, -1)).flip(-2).flatten(-2)  # (B, H, L, D): [x2, x1], a copy
+        out = (xc * cos).add_(swapped.mul_(sin))  # in place on the two fresh tensors only
         return out.to(x.dtype)
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         """Rotate ``x: (B, H, L, D)`` at ``positions`` ``(B, L)`` or ``(L,)``."""
         compute = torch.float64 if x.dtype == torch.float64 else torch.float32
-        return self.rotate_with(x, *self.cos_sin(positions, compute, x.device))
+        return self.rotate_with(x, *self.tables(positions, compute, x.device))
 
     def forward(self, q: Tensor, k: Tensor, positions: Tensor | None = None, *,
                 offset: int = 0) -> tuple[Tensor, Tensor]:
@@ -244,22 +262,22 @@ class RotaryEmbedding(nn.Module):
                 pos_q = torch.arange(offset + L_k - L_q, offset + L_k, device=where)
                 return self.rotate(q, pos_q), self.rotate(k, positions)
         compute = torch.float64 if q.dtype == torch.float64 else torch.float32
-        cos, sin = self._table(positions, compute, q.device)  # once for q and k
+        cos, sin = self._table(positions, compute, q.device)  # once for q and k (B, 1, L, D)
         return self.rotate_with(q, cos, sin), self.rotate_with(k, cos, sin)
 
     def _table(self, positions: Tensor, dtype: torch.dtype, device: torch.device
                ) -> tuple[Tensor, Tensor]:
-        """:meth:`cos_sin`, computed once per positions tensor inside a
+        """:meth:`tables`, computed once per positions tensor inside a
         :func:`shared_tables` block (a model's forward pass: every layer gets the same
         positions), else every time."""
         if torch.compiler.is_compiling():
-            return self.cos_sin(positions, dtype, device)
+            return self.tables(positions, dtype, device)
         shared = _SHARED.get()
         if shared is None:
-            return self.cos_sin(positions, dtype, device)
+            return self.tables(positions, dtype, device)
         key = (id(self), id(positions), dtype, device)
         if key not in shared:  # positions kept in the value: its id stays unique meanwhile
-            shared[key] = (positions, self.cos_sin(positions, dtype, device))
+            shared[key] = (positions, self.tables(positions, dtype, device))
         return shared[key][1]
 
     def extra_repr(self) -> str:

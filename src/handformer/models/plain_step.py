@@ -242,10 +242,10 @@ class PlainDecodeStep:
             x = x * self.embed_scale
         if self.pos_table is not None:
             x = x + F.embedding(positions, self.pos_table)  # (B, E)
-        tables = {}  # rotary module -> its (cos, sin), (B, 1, 1, D/2) each, once per step
+        tables = {}  # rotary module -> its (cos, sin) tables, (B, 1, 1, D) each, once per step
         compute = torch.float64 if x.dtype == torch.float64 else torch.float32
         for rotary in self.rotaries:
-            tables[id(rotary)] = rotary.cos_sin(positions[:, None], compute, x.device)
+            tables[id(rotary)] = rotary.tables(positions[:, None], compute, x.device)
         for layer in self.layers:
             h = layer.norm1(x) if layer.norm_first else x
             q = F.linear(h, *layer.q).view(B, self.num_heads, 1, -1)  # (B, H, 1, D)
