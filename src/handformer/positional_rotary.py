@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from handformer.checks import check_positive_int
 
-__all__ = ["RotaryEmbedding", "ALiBi", "alibi_slopes", "check_rotary_scaling", "rope_inv_freq",
+__all__ = ["RotaryEmbedding", "rotate_with_tables", "ALiBi", "alibi_slopes", "check_rotary_scaling", "rope_inv_freq",
            "ROPE_TYPES", "shared_tables"]
 
 ROPE_TYPES = ("linear", "llama3")
@@ -148,6 +148,16 @@ def has_float64(device: torch.device | str) -> bool:
     return _FLOAT64[kind]
 
 
+def rotate_with_tables(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """:meth:`RotaryEmbedding.rotate_with` without its checks (for a trusted caller, the
+    decoding step): ``x * [cos, cos] + [x2, x1] * [-sin, sin]``, ``x: (..., D)``, in the
+    tables' dtype, returned in ``x``'s."""
+    xc = x if x.dtype == cos.dtype else x.to(cos.dtype)  # float32 arithmetic for half inputs
+    swapped = xc.unflatten(-1, (2, -1)).flip(-2).flatten(-2)  # (..., D): [x2, x1], a copy
+    out = (xc * cos).add_(swapped.mul_(sin))  # in place on the two fresh tensors only
+    return out if out.dtype == x.dtype else out.to(x.dtype)
+
+
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding, applied to ``q`` and ``k`` of shape ``(B, H, L, D)``.
 
@@ -230,10 +240,7 @@ class RotaryEmbedding(nn.Module):
         if cos.shape[-1] != self.dim:
             raise ValueError(f"rotation tables have {cos.shape[-1]} features, rotary dim is "
                              f"{self.dim} (make them with tables(positions, ...))")
-        xc = x.to(cos.dtype)  # float32 (or float64) arithmetic for half inputs
-        swapped = xc.unflatten(-1, (2, -1)).flip(-2).flatten(-2)  # (B, H, L, D): [x2, x1], a copy
-        out = (xc * cos).add_(swapped.mul_(sin))  # in place on the two fresh tensors only
-        return out.to(x.dtype)
+        return rotate_with_tables(x, cos, sin)
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         """Rotate ``x: (B, H, L, D)`` at ``positions`` ``(B, L)`` or ``(L,)``."""

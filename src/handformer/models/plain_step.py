@@ -51,7 +51,7 @@ from handformer.decoder_layer import DecoderLayer
 from handformer.layers import FeedForward, GatedFeedForward
 from handformer.norms import LayerNorm, RMSNorm
 from handformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
-from handformer.positional_rotary import RotaryEmbedding
+from handformer.positional_rotary import RotaryEmbedding, rotate_with_tables
 
 __all__ = ["PlainDecodeStep", "plain_step_refusal"]
 
@@ -72,9 +72,9 @@ class _Norm:
         if not self.rms:
             return torch.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
         if x.dtype in (torch.float16, torch.bfloat16):  # as RMSNorm: in float32
-            return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(),
-                              self.eps).to(x.dtype)
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+            return torch.rms_norm(x.float(), (x.shape[-1],), self.weight.float(),
+                                  self.eps).to(x.dtype)
+        return torch.rms_norm(x, (x.shape[-1],), self.weight, self.eps)  # (F.rms_norm's op)
 
 
 @dataclass(frozen=True)
@@ -253,9 +253,9 @@ class PlainDecodeStep:
             v = F.linear(h, *layer.v).view(B, self.num_kv_heads, 1, -1)
             if layer.q_norm is not None:
                 q, k = layer.q_norm(q), layer.k_norm(k)
-            if layer.rotary is not None:
-                cos_sin = tables[id(layer.rotary)]
-                q, k = layer.rotary.rotate_with(q, *cos_sin), layer.rotary.rotate_with(k, *cos_sin)
+            if layer.rotary is not None:  # q and k turned together: one rotation, not two
+                qk = rotate_with_tables(torch.cat([q, k], dim=1), *tables[id(layer.rotary)])
+                q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]  # (B, H | H_kv, 1, D)
             keys, values, key_mask = layer.cache.push(k, v)  # (B, H_kv, L_k, D) each
             if layer.softcap is None:
                 z = grouped_step(q, keys, values, key_mask, layer.scale)  # (B, H, 1, D)
