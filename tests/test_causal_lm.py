@@ -161,3 +161,35 @@ def test_save_leaves_no_temporary_files(tmp_path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["model_type"] == "handformer-causal-lm" and config["d_model"] == 16
+
+
+def test_logits_to_keep_gives_the_last_positions_only() -> None:
+    torch.manual_seed(0)
+    model = make(positional="rotary")
+    ids = torch.randint(0, 37, (2, 9))
+    full = model(ids).logits  # (2, 9, 37)
+    for keep in (1, 3, 9):
+        part = model(ids, logits_to_keep=keep).logits
+        assert part.shape == (2, keep, 37)
+        torch.testing.assert_close(part, full[:, -keep:], rtol=1e-6, atol=1e-6)
+    assert model(ids, logits_to_keep=0).logits.shape == full.shape
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="logits_to_keep must be a non-negative integer"):
+            model(ids, logits_to_keep=bad)
+
+
+def test_generate_runs_the_lm_head_on_the_prompts_last_token_only() -> None:
+    """The prompt's pass asks for one position's logits: the head sees (B, 1, E) rows only
+    (no (B, L, E) call), and the tokens are those of recomputing every step."""
+    torch.manual_seed(0)
+    model = make(positional="rotary")
+    ids = torch.randint(0, 37, (2, 7))
+    expected = model.generate(ids, max_new_tokens=5, use_cache=False)
+    shapes: list[tuple[int, ...]] = []
+    handle = model.lm_head.register_forward_hook(lambda m, i, o: shapes.append(i[0].shape))
+    try:
+        got = model.generate(ids, max_new_tokens=5)
+    finally:
+        handle.remove()
+    assert torch.equal(got, expected)
+    assert shapes and all(s[-2] == 1 for s in shapes), shapes

@@ -43,8 +43,8 @@ from torch import Tensor, nn
 
 from handformer.checks import check_positive_int
 
-__all__ = ["RotaryEmbedding", "rotate_with_tables", "ALiBi", "alibi_slopes", "check_rotary_scaling", "rope_inv_freq",
-           "ROPE_TYPES", "shared_tables"]
+__all__ = ["RotaryEmbedding", "rotate_with_tables", "ALiBi", "alibi_slopes",
+           "check_rotary_scaling", "rope_inv_freq", "ROPE_TYPES", "shared_tables"]
 
 ROPE_TYPES = ("linear", "llama3")
 _SHARED: ContextVar[dict | None] = ContextVar("handformer_rotary_tables", default=None)

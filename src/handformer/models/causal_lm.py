@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from handformer.attention.cache import DecodingCache, cache_for
 from handformer.attention.functional import soft_cap
-from handformer.checks import mkstemp_beside
+from handformer.checks import check_non_negative_int, mkstemp_beside
 from handformer.decoder_layer import DecoderLayer
 from handformer.hooks import HookPoint
 from handformer.layers import Dropout
@@ -144,9 +144,9 @@ class CausalLM(nn.Module):
                                         static=static) for layer in self.layers])
 
     def forward(self, input_ids: Tensor, *, attention_mask: Tensor | None = None,
-                cache: DecodingCache | None = None, need_weights: bool = False
-                ) -> CausalLMOutput:
-        """Next-token logits for every position.
+                cache: DecodingCache | None = None, need_weights: bool = False,
+                logits_to_keep: int = 0) -> CausalLMOutput:
+        """Next-token logits for every position (or the last ``logits_to_keep``).
 
         Args:
             input_ids: ``(B, L)`` integer token ids (the new tokens when a cache is given).
@@ -156,6 +156,10 @@ class CausalLM(nn.Module):
                 count real tokens only.
             cache: a :meth:`new_cache` to continue from and advance (incremental decoding).
             need_weights: return every layer's attention weights.
+            logits_to_keep: compute the logits of the last ``logits_to_keep`` positions only,
+                ``(B, logits_to_keep, V)`` (as transformers' argument of that name); 0: all.
+                A prompt before decoding needs the last one: the LM head of a
+                49,152-token vocabulary over a 1,024-token prompt is a third of the pass.
 
         Returns:
             :class:`CausalLMOutput`.
@@ -163,9 +167,11 @@ class CausalLM(nn.Module):
         Raises:
             TypeError: for non-integer ids.
             ValueError: for ids out of range, wrong shapes, a mask that is not 1/0, a cache
-                of another model or batch size, or more tokens than ``max_len``.
+                of another model or batch size, more tokens than ``max_len``, or a
+                ``logits_to_keep`` that is not an integer >= 0.
         """
         B, L = self._check_ids(input_ids)
+        check_non_negative_int("logits_to_keep", logits_to_keep)
         keep = None
         if attention_mask is not None:
             if tuple(attention_mask.shape) != (B, L):
@@ -180,15 +186,15 @@ class CausalLM(nn.Module):
         else:
             positions = (start[:, None] + keep.long().cumsum(1) - 1).clamp(min=0)  # (B, L)
         logits, attentions = self.run(input_ids, positions, keep=keep, cache=cache,
-                                      need_weights=need_weights)
+                                      need_weights=need_weights, logits_to_keep=logits_to_keep)
         if cache is not None:
             cache.seen = past + L
             cache.next_positions = start + (L if keep is None else keep.long().sum(1))
         return CausalLMOutput(logits, attentions, cache)
 
     def run(self, input_ids: Tensor, positions: Tensor, *, keep: Tensor | None = None,
-            cache: DecodingCache | None = None, need_weights: bool = False
-            ) -> tuple[Tensor, tuple[Tensor, ...] | None]:
+            cache: DecodingCache | None = None, need_weights: bool = False,
+            logits_to_keep: int = 0) -> tuple[Tensor, tuple[Tensor, ...] | None]:
         """The forward pass proper, on inputs already checked: embeddings, layers, head.
 
         :meth:`forward` checks its arguments, works out the positions and advances the
@@ -201,10 +207,11 @@ class CausalLM(nn.Module):
             keep: ``(B, L)`` bool, False on padding (None = all real).
             cache: the decoding cache; its layer caches are fed, its counters not touched.
             need_weights: also return every layer's attention weights.
+            logits_to_keep: the LM head on the last ``logits_to_keep`` positions only (0: all).
 
         Returns:
-            ``(logits, attentions)``: ``(B, L, V)`` and a tuple of per-layer weights (or
-            None).
+            ``(logits, attentions)``: ``(B, L, V)`` (``L = logits_to_keep`` if given) and a
+            tuple of per-layer weights (or None).
         """
         x = self.tok_emb(input_ids)  # (B, L, E)
         if self.config.embed_scale is not None:  # rounded to the dtype, as the references do
@@ -224,6 +231,8 @@ class CausalLM(nn.Module):
                 x, attentions = self._layers(x, mask, positions, cache, need_weights)
         if self.norm is not None:
             x = self.hook_final_norm(self.norm(x))
+        if logits_to_keep:
+            x = x[:, -logits_to_keep:]  # (B, logits_to_keep, E)
         logits = soft_cap(self.lm_head(x), self.config.final_softcap)  # (B, L, V)
         return logits, (tuple(attentions) if need_weights else None)
 

@@ -276,6 +276,7 @@ def _loop(model: nn.Module, ids: Tensor, mask: Tensor | None, max_new_tokens: in
                                  static=True) if run is not None
                  else _new_cache(model, needed))
     step = getattr(model, "decode_step", None)
+    keeps_last = "logits_to_keep" in inspect.signature(model.forward).parameters
     fast = None  # the plain step, built after the prompt filled the cache
     token = ids[:, -1]  # (B,) the last token so far
     n = L
@@ -284,8 +285,9 @@ def _loop(model: nn.Module, ids: Tensor, mask: Tensor | None, max_new_tokens: in
             logits = model(out[:, :n], attention_mask=mask).logits[:, -1]
             if mask is not None:
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (B, n + 1)
-        elif i == 0:  # the prompt, checked by forward
-            logits = model(ids, attention_mask=mask, cache=cache).logits[:, -1]
+        elif i == 0:  # the prompt, checked by forward (the LM head on its last token only)
+            last = {"logits_to_keep": 1} if keeps_last else {}
+            logits = model(ids, attention_mask=mask, cache=cache, **last).logits[:, -1]
             if plain and hasattr(model, "plain_decode_step"):
                 fast = model.plain_decode_step(cache)
         elif fast is not None and not hooks_active():  # (hooks listen to the modules only)
