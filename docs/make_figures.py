@@ -3,6 +3,11 @@
     .venv/bin/python docs/make_figures.py            # every picture (about a minute on 2 cores)
     .venv/bin/python docs/make_figures.py patterns   # only the ones whose name contains it
 
+Every picture the two tutorials share is drawn twice from the same data: ``<name>.png`` with the
+English titles of ``TEXT["en"]`` and ``<name>_zh.png`` with the Chinese ones of ``TEXT["zh"]``
+(the Chinese tutorial embeds those). Only the titles and labels written here change; the
+library's own axis labels (``plot_attention``'s "Key (attended to)", ...) stay English.
+
 Nothing here is drawn by hand: the attention maps come from the bundled all-MiniLM-L6-v2, from
 the shipped Gemma 3 270M (the Chinese tutorial's chapter 5, Chinese titles) and from a model
 trained here on ``reverse``; the patterns come from the attention kinds; the
@@ -20,6 +25,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+import matplotlib
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import ListedColormap
@@ -27,11 +33,75 @@ from matplotlib.figure import Figure
 
 import handformer as hf
 from handformer.viz import plot_attention, plot_heads, save_figure
+from handformer.viz.fonts import font_families
 
 IMG = Path(__file__).resolve().parent / "img"
 SENTENCE = "The animal didn't cross the street because it was too tired"
 ZH_SENTENCE = "动物没有过马路，因为它太累了"  # the Chinese tutorial's, on Gemma 3
 PATTERN_CMAP = ListedColormap(["#eeeeee", "#3b4a6b"])  # blocked, allowed
+
+# The text this script writes into the shared pictures, per language; ``{...}`` fields are
+# filled by :func:`say`. The Chinese follows the words of tutorial.zh.md.
+TEXT = {
+    "en": {
+        "seed_attention": "all-MiniLM-L6-v2, layer 3, head 1: 'it' -> 'animal'",
+        "seed_heads": "all-MiniLM-L6-v2 on the seed's sentence: 6 layers x 12 heads",
+        "key": "key",
+        "query": "query",
+        "seed_variant": "seed {name}",
+        "weight_range": "weights in [{low:.2f}, {high:.2f}]",
+        "negative": ", {share:.0%} negative\n(colours clipped to [-1, 1])",
+        "seed_variants": "Top: the seed's section 7 code as written (16 random queries and "
+                         "keys). Bottom: handformer on the same inputs.",
+        "pattern_share": "{name}\n{share:.0%} of the {L}x{L} pairs",
+        "pattern_weights": "weights (need_weights=True)",
+        "patterns": "Attention patterns at L={L}: allowed keys (dark) and the weights each "
+                    "kind returns on random inputs",
+        "reverse_step": "step {step}: {share:.0%} on the mirror",
+        "reverse_training": "Training on reverse: head {head} of the 1-layer model on {text!r} "
+                            "(queries are rows)",
+        "to_animal": "attention weight",
+        "to_animal_title": 'attention from "it" to "animal" (read from the cache)',
+        "restored": "change of leans_to_animal",
+        "restored_title": 'patching each head of the "tired" run into the "wide" run',
+        "inside_rollout": "all-MiniLM-L6-v2: where the final 'it' comes from "
+                          "(raw = layer 5, head 11)",
+    },
+    "zh": {
+        "seed_attention": "all-MiniLM-L6-v2 第 3 层第 1 个头：“it” 看向 “animal”",
+        "seed_heads": "all-MiniLM-L6-v2 在原教程的句子上：6 层 × 12 个头",
+        "key": "键",
+        "query": "查询",
+        "seed_variant": "原教程的 {name}",
+        "weight_range": "权重范围 [{low:.2f}, {high:.2f}]",
+        "negative": "，{share:.0%} 为负\n（颜色截断到 [-1, 1]）",
+        "seed_variants": "上排：原教程第 7 节的代码原样运行（16 个随机的查询和键）。"
+                         "下排：handformer 在同样输入上的结果。",
+        "pattern_share": "{name}\n{L}×{L} 个位置对中能看到 {share:.0%}",
+        "pattern_weights": "权重（need_weights=True）",
+        "patterns": "L={L} 时的注意力模式：能看到的键（深色），以及每种注意力在随机输入上"
+                    "返回的权重",
+        "reverse_step": "第 {step} 步：{share:.0%} 落在镜像上",
+        "reverse_training": "在 reverse 任务上训练：单层模型的第 {head} 个头，输入 {text!r}"
+                            "（每一行是一个查询）",
+        "to_animal": "注意力权重",
+        "to_animal_title": "“it” 对 “animal” 的注意力（从缓存中读出）",
+        "restored": "leans_to_animal 的变化",
+        "restored_title": "把 tired 运行的每个头逐一修补进 wide 运行",
+        "inside_rollout": "all-MiniLM-L6-v2：最终的 “it” 从哪里来（raw = 第 5 层第 11 个头）",
+    },
+}
+
+
+def say(lang: str, key: str, **fields: object) -> str:
+    """The text ``key`` in ``lang`` ("en" or "zh"), its fields filled in."""
+    return TEXT[lang][key].format(**fields)
+
+
+def image(name: str, lang: str) -> Path:
+    """Where the picture ``name`` in ``lang`` goes: ``<name>.png`` in English,
+    ``<name>_<lang>.png`` otherwise."""
+    return IMG / (f"{name}.png" if lang == "en" else f"{name}_{lang}.png")
 
 
 def new_figure(width: float, height: float) -> Figure:
@@ -52,12 +122,11 @@ def bert_attention() -> tuple[tuple[torch.Tensor, ...], list[str]]:
 def seed_attention() -> None:
     """Chapter 5: one head of the pretrained model on the seed's sentence, and every head."""
     attentions, tokens = bert_attention()
-    fig = plot_attention(attentions[3][0, 1], tokens,
-                         title="all-MiniLM-L6-v2, layer 3, head 1: 'it' -> 'animal'")
-    save_figure(fig, IMG / "seed_attention.png")
-    fig = plot_heads(attentions, tokens,
-                     title="all-MiniLM-L6-v2 on the seed's sentence: 6 layers x 12 heads")
-    save_figure(fig, IMG / "seed_heads.png")
+    for lang in TEXT:
+        fig = plot_attention(attentions[3][0, 1], tokens, title=say(lang, "seed_attention"))
+        save_figure(fig, image("seed_attention", lang))
+        fig = plot_heads(attentions, tokens, title=say(lang, "seed_heads"))
+        save_figure(fig, image("seed_heads", lang))
 
 
 def zh_gemma() -> None:
@@ -109,9 +178,9 @@ def seed_variants() -> None:
     scores = q @ k.T / math.sqrt(D)  # (L, L)
     seed_linear = (q @ k.T) / ((q @ k.sum(0))[:, None] + 1e-6)  # (L, L) raw features
     top = [
-        ("seed local_attention(w=3)", _softmax_with_bias(scores, seed_local_bias(L, 3))),
-        ("seed sparse_attention(stride=2)", _softmax_with_bias(scores, seed_sparse_bias(L, 2))),
-        ("seed linear_attention", seed_linear),
+        ("local_attention(w=3)", _softmax_with_bias(scores, seed_local_bias(L, 3))),
+        ("sparse_attention(stride=2)", _softmax_with_bias(scores, seed_sparse_bias(L, 2))),
+        ("linear_attention", seed_linear),
     ]
     bottom = [
         ("hf.local_attention(w=3)",
@@ -120,30 +189,30 @@ def seed_variants() -> None:
          hf.strided_attention(q, k, v, stride=4, need_weights=True)[1]),
         ("hf.linear_attention", hf.linear_attention(q, k, v, need_weights=True)[1]),
     ]
-    fig = new_figure(11.5, 7.6)
-    axes = fig.subplots(2, 3)
-    for ax, (title, w) in zip(axes[0], top, strict=True):
-        w = w.numpy()
-        signed = w.min() < 0
-        note = f"\nweights in [{w.min():.2f}, {w.max():.2f}]"
-        if signed:  # a distribution stays in [0, 1]: clip the colours there, say the range
-            note += f", {(w < 0).mean():.0%} negative\n(colours clipped to [-1, 1])"
-        im = ax.imshow(w, cmap="RdBu_r" if signed else "viridis", vmin=-1 if signed else 0,
-                       vmax=1 if signed else float(w.max()), interpolation="nearest")
-        ax.set_title(title + note, fontsize=10)
-        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
-    for ax, (title, w) in zip(axes[1], bottom, strict=True):
-        im = ax.imshow(w.numpy(), cmap="viridis", vmin=0, interpolation="nearest")
-        ax.set_title(f"{title}\nweights in [{float(w.min()):.2f}, {float(w.max()):.2f}]",
-                     fontsize=10)
-        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
-    for ax in axes.flat:
-        ax.set_xlabel("key", fontsize=9)
-        ax.set_ylabel("query", fontsize=9)
-        ax.tick_params(labelsize=7)
-    fig.suptitle("Top: the seed's section 7 code as written (16 random queries and keys). "
-                 "Bottom: handformer on the same inputs.", fontsize=11)
-    save_figure(fig, IMG / "seed_variants.png")
+    for lang in TEXT:
+        fig = new_figure(11.5, 7.6)
+        axes = fig.subplots(2, 3)
+        for ax, (name, w) in zip(axes[0], top, strict=True):
+            w = w.numpy()
+            signed = w.min() < 0
+            note = say(lang, "weight_range", low=w.min(), high=w.max())
+            if signed:  # a distribution stays in [0, 1]: clip the colours there, say the range
+                note += say(lang, "negative", share=(w < 0).mean())
+            im = ax.imshow(w, cmap="RdBu_r" if signed else "viridis", vmin=-1 if signed else 0,
+                           vmax=1 if signed else float(w.max()), interpolation="nearest")
+            ax.set_title(f"{say(lang, 'seed_variant', name=name)}\n{note}", fontsize=10)
+            fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
+        for ax, (name, w) in zip(axes[1], bottom, strict=True):
+            im = ax.imshow(w.numpy(), cmap="viridis", vmin=0, interpolation="nearest")
+            note = say(lang, "weight_range", low=float(w.min()), high=float(w.max()))
+            ax.set_title(f"{name}\n{note}", fontsize=10)
+            fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
+        for ax in axes.flat:
+            ax.set_xlabel(say(lang, "key"), fontsize=9)
+            ax.set_ylabel(say(lang, "query"), fontsize=9)
+            ax.tick_params(labelsize=7)
+        fig.suptitle(say(lang, "seed_variants"), fontsize=11)
+        save_figure(fig, image("seed_variants", lang))
 
 
 def patterns() -> None:
@@ -158,25 +227,29 @@ def patterns() -> None:
         ("StridedAttention(6), causal", hf.StridedAttention(6), True),
         ("LinearAttention(), causal", hf.LinearAttention(), True),
     ]
-    fig = new_figure(16, 7.2)
-    axes = fig.subplots(2, len(kinds))
-    for col, (name, kind, causal) in enumerate(kinds):
+    panels = []  # (name, allowed (L, L), weights (L, L)) per kind
+    for name, kind, causal in kinds:
         allowed = kind.pattern(L, L, causal=causal)
         allowed = torch.ones(L, L, dtype=torch.bool) if allowed is None else allowed
-        axes[0, col].imshow(allowed.numpy(), cmap=PATTERN_CMAP, vmin=0, vmax=1,
-                            interpolation="nearest")
-        share = allowed.float().mean().item()
-        axes[0, col].set_title(f"{name}\n{share:.0%} of the {L}x{L} pairs", fontsize=10)
         _, w = kind(q, k, v, causal=causal, need_weights=True)
-        axes[1, col].imshow(w[0].numpy(), cmap="viridis", vmin=0, interpolation="nearest")
-        axes[1, col].set_title("weights (need_weights=True)", fontsize=10)
-        for row in range(2):
-            axes[row, col].tick_params(labelsize=7)
-            axes[row, col].set_xlabel("key", fontsize=9)
-        axes[0, col].set_ylabel("query", fontsize=9)
-    fig.suptitle(f"Attention patterns at L={L}: allowed keys (dark) and the weights each kind "
-                 "returns on random inputs", fontsize=12)
-    save_figure(fig, IMG / "patterns.png")
+        panels.append((name, allowed, w[0]))
+    for lang in TEXT:
+        fig = new_figure(16, 7.2)
+        axes = fig.subplots(2, len(kinds))
+        for col, (name, allowed, w) in enumerate(panels):
+            axes[0, col].imshow(allowed.numpy(), cmap=PATTERN_CMAP, vmin=0, vmax=1,
+                                interpolation="nearest")
+            share = allowed.float().mean().item()
+            axes[0, col].set_title(say(lang, "pattern_share", name=name, share=share, L=L),
+                                   fontsize=10)
+            axes[1, col].imshow(w.numpy(), cmap="viridis", vmin=0, interpolation="nearest")
+            axes[1, col].set_title(say(lang, "pattern_weights"), fontsize=10)
+            for row in range(2):
+                axes[row, col].tick_params(labelsize=7)
+                axes[row, col].set_xlabel(say(lang, "key"), fontsize=9)
+            axes[0, col].set_ylabel(say(lang, "query"), fontsize=9)
+        fig.suptitle(say(lang, "patterns", L=L), fontsize=12)
+        save_figure(fig, image("patterns", lang))
 
 
 # ---- chapter 8: the reverse task -----------------------------------------------------------
@@ -223,14 +296,14 @@ def reverse_training() -> None:
                 w = model(ids, need_weights=True).attentions[0][0]  # (H, L, L)
             snapshots.append((stop, w, mirror_share(model, task)))
     best = int(snapshots[-1][2].argmax())
-    fig = new_figure(3.3 * len(snapshots), 3.9)
-    axes = fig.subplots(1, len(snapshots))
-    for ax, (step, w, share) in zip(axes, snapshots, strict=True):
-        plot_attention(w[best], list(text), ax=ax,
-                       title=f"step {step}: {share[best]:.0%} on the mirror")
-    fig.suptitle(f"Training on reverse: head {best} of the 1-layer model on {text!r} "
-                 "(queries are rows)", fontsize=12)
-    save_figure(fig, IMG / "reverse_training.png")
+    for lang in TEXT:
+        fig = new_figure(3.3 * len(snapshots), 3.9)
+        axes = fig.subplots(1, len(snapshots))
+        for ax, (step, w, share) in zip(axes, snapshots, strict=True):
+            plot_attention(w[best], list(text), ax=ax,
+                           title=say(lang, "reverse_step", step=step, share=share[best]))
+        fig.suptitle(say(lang, "reverse_training", head=best, text=text), fontsize=12)
+        save_figure(fig, image("reverse_training", lang))
 
 
 # ---- chapter 10: looking inside -------------------------------------------------------------
@@ -260,13 +333,14 @@ def inside_heads() -> None:
         _, cache = run_with_cache(model, clean, names="blocks.*.attn.hook_pattern")
     to_animal = cache.stack("pattern")[:, 0, :, it, animal]  # (layers, heads)
     restored = patching_sweep(model, clean, wide, leans_to_animal_metric(it, animal, street))
-    fig = new_figure(15.5, 4.4)
-    left, right = fig.subplots(1, 2)
-    plot_head_effects(to_animal, ax=left, top=2, label="attention weight",
-                      title='attention from "it" to "animal" (read from the cache)')
-    plot_head_effects(restored, ax=right, top=4, label="change of leans_to_animal",
-                      title='patching each head of the "tired" run into the "wide" run')
-    save_figure(fig, IMG / "inside_heads.png")
+    for lang in TEXT:
+        fig = new_figure(15.5, 4.4)
+        left, right = fig.subplots(1, 2)
+        plot_head_effects(to_animal, ax=left, top=2, label=say(lang, "to_animal"),
+                          title=say(lang, "to_animal_title"))
+        plot_head_effects(restored, ax=right, top=4, label=say(lang, "restored"),
+                          title=say(lang, "restored_title"))
+        save_figure(fig, image("inside_heads", lang))
 
 
 def inside_rollout() -> None:
@@ -277,12 +351,12 @@ def inside_rollout() -> None:
 
     attentions, tokens = bert_attention()
     it = tokens.index("it")
-    fig = plot_rollout(attention_rollout(attentions)[0], tokens, row=it,
-                       raw=attentions[5][0, 11, it],
-                       flow=attention_flow(attentions, rows=it)[0, 0],
-                       title="all-MiniLM-L6-v2: where the final 'it' comes from "
-                             "(raw = layer 5, head 11)")
-    save_figure(fig, IMG / "inside_rollout.png")
+    rollout = attention_rollout(attentions)[0]  # (L, L)
+    flow = attention_flow(attentions, rows=it)[0, 0]  # (L,)
+    for lang in TEXT:
+        fig = plot_rollout(rollout, tokens, row=it, raw=attentions[5][0, 11, it], flow=flow,
+                           title=say(lang, "inside_rollout"))
+        save_figure(fig, image("inside_rollout", lang))
 
 
 FIGURES = {"seed_attention": seed_attention, "zh_gemma": zh_gemma,
@@ -294,11 +368,13 @@ FIGURES = {"seed_attention": seed_attention, "zh_gemma": zh_gemma,
 def main(names: list[str]) -> int:
     IMG.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
-    for name, draw in FIGURES.items():
-        if names and not any(n in name for n in names):
-            continue
-        print(f"drawing {name}", flush=True)
-        draw()
+    # the titles written here need the CJK font too, not only the library's plots
+    with matplotlib.rc_context({"font.family": list(font_families())}):
+        for name, draw in FIGURES.items():
+            if names and not any(n in name for n in names):
+                continue
+            print(f"drawing {name}", flush=True)
+            draw()
     return 0
 
 

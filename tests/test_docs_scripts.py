@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
+import warnings
 from pathlib import Path
+from string import Formatter
 from types import ModuleType
 
 import pytest
+
+from handformer.viz import MissingGlyphWarning
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,6 +72,31 @@ def test_report_names_missing_and_malformed_results(report: ModuleType, tmp_path
 def test_figures_pattern_pictures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     figures = load_script("make_figures")
     monkeypatch.setattr(figures, "IMG", tmp_path)
-    figures.main(["patterns", "seed_variants"])
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["patterns.png", "seed_variants.png"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        figures.main(["patterns", "seed_variants"])
+    boxes = [str(w.message) for w in caught if issubclass(w.category, MissingGlyphWarning)
+             or "missing from font" in str(w.message)]
+    assert not boxes, boxes  # the Chinese titles are drawn with the CJK font
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "patterns.png", "patterns_zh.png", "seed_variants.png", "seed_variants_zh.png"]
     assert all(p.stat().st_size > 20000 for p in tmp_path.iterdir())
+
+
+def test_figures_say_the_same_in_both_languages() -> None:
+    figures = load_script("make_figures")
+    assert set(figures.TEXT) == {"en", "zh"}
+    en, zh = figures.TEXT["en"], figures.TEXT["zh"]
+    assert en.keys() == zh.keys()
+    fields = {key: sorted(f for _, f, _, _ in Formatter().parse(text) if f)
+              for key, text in en.items()}
+    assert fields == {key: sorted(f for _, f, _, _ in Formatter().parse(text) if f)
+                      for key, text in zh.items()}
+
+
+def test_the_chinese_tutorial_shows_the_chinese_pictures() -> None:
+    text = (ROOT / "docs" / "tutorial.zh.md").read_text(encoding="utf-8")
+    drawn_here = [name for name in re.findall(r"\]\(img/([\w.-]+)\)", text)
+                  if not name.startswith(("bench_", "zh_"))]  # benchmarks; Chinese-only pictures
+    assert drawn_here, "no picture of docs/make_figures.py in the Chinese tutorial"
+    assert [name for name in drawn_here if not name.endswith("_zh.png")] == []

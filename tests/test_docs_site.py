@@ -154,7 +154,8 @@ def test_pages_link_the_code_on_github_and_render_the_notebooks(site: Path) -> N
     for lang, title in (("en", "Stop memorising the Transformer"), ("zh", "别再死记硬背")):
         notebook = (site / "notebooks" / f"tutorial.{lang}.html").read_text(encoding="utf-8")
         assert title in notebook and "scaled_dot_product_attention" in notebook
-        assert 'src="../img/seed_attention.png"' in notebook  # the site's copy, not GitHub's
+        picture = "seed_attention.png" if lang == "en" else "seed_attention_zh.png"
+        assert f'src="../img/{picture}"' in notebook  # the site's copy, not GitHub's
         assert (site / "notebooks" / f"tutorial.{lang}.ipynb").is_file()  # the download
     home = (site / "zh" / "index.html").read_text(encoding="utf-8")
     assert 'href="../tutorial.zh.html"' in home
