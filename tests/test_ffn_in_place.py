@@ -32,6 +32,19 @@ def ops(fn) -> set[str]:
     return {e.key for e in prof.key_averages()}
 
 
+def kept_by_a_hook(linear: torch.nn.Module, ff: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Run ``ff(x)`` without autograd while a PyTorch forward hook on ``linear`` keeps its
+    output; return the kept tensor (as it is after the forward)."""
+    kept: list[torch.Tensor] = []
+    handle = linear.register_forward_hook(lambda m, i, o: kept.append(o))
+    try:
+        with torch.no_grad():
+            ff(x)
+    finally:
+        handle.remove()
+    return kept[0]
+
+
 def reference(ff: FeedForward, x: torch.Tensor, activation: str) -> torch.Tensor:
     """The feed-forward in float64, with torch.nn's activations."""
     act = {"relu": torch.nn.ReLU(), "gelu": torch.nn.GELU(),
@@ -71,16 +84,9 @@ def test_a_kept_pre_activation_is_never_overwritten() -> None:
         _, cache = run_with_cache(ff, x, names="hook_pre")
     torch.testing.assert_close(cache["hook_pre"], expected, rtol=0, atol=0)
     # a PyTorch forward hook on linear1 that keeps its output
-    kept: list[torch.Tensor] = []
-    handle = ff.linear1.register_forward_hook(lambda m, i, o: kept.append(o))
-    try:
-        with torch.no_grad():
-            ff(x)
-    finally:
-        handle.remove()
-    torch.testing.assert_close(kept[0], expected, rtol=0, atol=0)
+    torch.testing.assert_close(kept_by_a_hook(ff.linear1, ff, x), expected, rtol=0, atol=0)
     # a global PyTorch forward hook
-    kept.clear()
+    kept: list[torch.Tensor] = []
     handle = torch.nn.modules.module.register_module_forward_hook(
         lambda m, i, o: kept.append(o) if m is ff.linear1 else None)
     try:
@@ -98,15 +104,9 @@ def test_without_the_hook_check_a_kept_tensor_would_be_overwritten(monkeypatch) 
     x = torch.randn(2, 4, 8)
     expected = ff.linear1(x).detach()
     monkeypatch.setattr(layers, "_may_overwrite", lambda h, *rest: not h.requires_grad)
-    kept: list[torch.Tensor] = []
-    handle = ff.linear1.register_forward_hook(lambda m, i, o: kept.append(o))
-    try:
-        with torch.no_grad():
-            ff(x)
-    finally:
-        handle.remove()
-    assert not torch.equal(kept[0], expected)
-    torch.testing.assert_close(kept[0], torch.nn.functional.gelu(expected))
+    kept = kept_by_a_hook(ff.linear1, ff, x)
+    assert not torch.equal(kept, expected)
+    torch.testing.assert_close(kept, torch.nn.functional.gelu(expected))
 
 
 def test_a_replaced_activation_function_is_respected() -> None:
@@ -169,11 +169,4 @@ def test_gated_mlp_keeps_a_hooked_gate_and_up_intact() -> None:
     torch.testing.assert_close(cache["hook_pre_linear"], up, rtol=0, atol=0)
     torch.testing.assert_close(cache["hook_post"], torch.nn.functional.silu(gate) * up,
                                rtol=0, atol=0)
-    kept: list[torch.Tensor] = []
-    handle = ff.gate_proj.register_forward_hook(lambda m, i, o: kept.append(o))
-    try:
-        with torch.no_grad():
-            ff(x)
-    finally:
-        handle.remove()
-    torch.testing.assert_close(kept[0], gate, rtol=0, atol=0)
+    torch.testing.assert_close(kept_by_a_hook(ff.gate_proj, ff, x), gate, rtol=0, atol=0)
