@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import handformer as hf
-from handformer.cli import main
+from cli_util import run_cli as cli
 from handformer.train.data import CharVocab
 from pretrained_util import tiny_checkpoint
 
@@ -33,21 +33,6 @@ TEXTS = {
     "surrogates": "\udcff\udcfe",
 }
 NON_EMPTY = [k for k in TEXTS if k not in ("empty", "whitespace", "surrogates")]
-
-
-def cli(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str, str]:
-    """Run the CLI in-process and check the contract: exit 0, or exit 2 with one line."""
-    try:
-        code = main(argv)
-    except SystemExit as exc:  # argparse errors
-        code = exc.code
-    out, err = capsys.readouterr()
-    assert code in (0, 2), (argv[:3], code, err[-500:])
-    assert "Traceback" not in err and "Traceback" not in out
-    if code == 2:
-        assert err.endswith("\n") and err.count("\n") == 1, err
-        assert err.startswith("handformer") and " error: " in err, err
-    return code, out, err
 
 
 @pytest.fixture(scope="module")
