@@ -20,6 +20,7 @@ Shape letters: ``L`` length, ``D`` head dim, ``H`` heads.
 from __future__ import annotations
 
 import math
+import re
 import sys
 import tempfile
 from dataclasses import replace
@@ -93,6 +94,70 @@ TEXT = {
 }
 
 
+# What handformer's own plot functions write (axis labels, panel titles, colour bars, legends),
+# in the Chinese pictures: :func:`save` puts these in place of the English after drawing.
+LIBRARY_ZH = {
+    "Key (attended to)": "键（被关注的词元）",
+    "Query (attending)": "查询（发出关注的词元）",
+    "head": "头",
+    "layer": "层",
+    "attention weight": "注意力权重",
+    "input token": "输入词元",
+    "output position (after the last layer)": "输出位置（最后一层之后）",
+    "Attention rollout": "注意力展开",
+    "share of the input token": "取自该输入词元的份额",
+    "score, each method scaled to its maximum": "得分（每种方法按各自的最大值缩放）",
+    "raw attention": "原始注意力",
+    "rollout": "注意力展开",
+    "flow": "注意力流",
+}
+LIBRARY_ZH_PATTERNS = [  # texts with a value in them
+    (re.compile(r"Output position (\d+) \((.*)\): where it comes from"),
+     r"输出位置 \1（\2）从哪里来"),
+    (re.compile(r"Keys each query may reach: (\d+) of (\d+) pairs(.*)"),
+     r"每个查询能看到的键：\2 对中的 \1 对\3"),
+]
+
+
+def _in_chinese(text: str) -> str:
+    """``text`` as the Chinese pictures show it: translated if it is one of handformer's."""
+    if text in LIBRARY_ZH:
+        return LIBRARY_ZH[text]
+    for pattern, replacement in LIBRARY_ZH_PATTERNS:
+        if pattern.fullmatch(text):
+            return pattern.sub(replacement, text)
+    return text
+
+
+def in_chinese(fig: Figure, name: str) -> Figure:
+    """Put Chinese in place of the English that handformer's plot functions wrote into ``fig``
+    (every axis's labels and title, the legends); return ``fig``.
+
+    Raises:
+        ValueError: if a label or title is left without a Chinese character (``name`` says
+            which picture).
+    """
+    for ax in fig.axes:
+        for get, put in ((ax.get_xlabel, ax.set_xlabel), (ax.get_ylabel, ax.set_ylabel),
+                         (ax.get_title, ax.set_title)):
+            put(_in_chinese(get()))
+        legend = ax.get_legend()
+        legend_texts = legend.get_texts() if legend is not None else []
+        for text in legend_texts:
+            text.set_text(_in_chinese(text.get_text()))
+        texts = [ax.get_xlabel(), ax.get_ylabel(), ax.get_title()]
+        english = [t for t in texts + [t.get_text() for t in legend_texts]
+                   if t and not re.search(r"[\u4e00-\u9fff]", t)]
+        if english:
+            raise ValueError(f"{name}: no Chinese for {english}; add them to LIBRARY_ZH")
+    return fig
+
+
+def save(fig: Figure, name: str, lang: str) -> None:
+    """Save ``fig`` as the picture ``name`` in ``lang`` (:func:`in_chinese` first for "zh")."""
+    save_figure(in_chinese(fig, name) if lang == "zh" else fig, image(name, lang))
+
+
 def say(lang: str, key: str, **fields: object) -> str:
     """The text ``key`` in ``lang`` ("en" or "zh"), its fields filled in."""
     return TEXT[lang][key].format(**fields)
@@ -124,9 +189,9 @@ def seed_attention() -> None:
     attentions, tokens = bert_attention()
     for lang in TEXT:
         fig = plot_attention(attentions[3][0, 1], tokens, title=say(lang, "seed_attention"))
-        save_figure(fig, image("seed_attention", lang))
+        save(fig, "seed_attention", lang)
         fig = plot_heads(attentions, tokens, title=say(lang, "seed_heads"))
-        save_figure(fig, image("seed_heads", lang))
+        save(fig, "seed_heads", lang)
 
 
 def zh_gemma() -> None:
@@ -141,9 +206,9 @@ def zh_gemma() -> None:
         attentions = gemma(hi.to_tokens(tokenizer, ZH_SENTENCE), need_weights=True).attentions
     fig = plot_attention(attentions[9][0, 2], tokens,
                          title="Gemma 3 270M 第 9 层第 2 个头：“因为它”看向“动物”")
-    save_figure(fig, IMG / "zh_gemma_head.png")
+    save_figure(in_chinese(fig, "zh_gemma_head"), IMG / "zh_gemma_head.png")
     fig = plot_heads(attentions, tokens, title="Gemma 3 270M：18 层 × 4 个头")
-    save_figure(fig, IMG / "zh_gemma_heads.png")
+    save_figure(in_chinese(fig, "zh_gemma_heads"), IMG / "zh_gemma_heads.png")
 
 
 # ---- chapter 7: what the seed's variants compute, and handformer's patterns ----------------
@@ -212,7 +277,7 @@ def seed_variants() -> None:
             ax.set_ylabel(say(lang, "query"), fontsize=9)
             ax.tick_params(labelsize=7)
         fig.suptitle(say(lang, "seed_variants"), fontsize=11)
-        save_figure(fig, image("seed_variants", lang))
+        save(fig, "seed_variants", lang)
 
 
 def patterns() -> None:
@@ -249,7 +314,7 @@ def patterns() -> None:
                 axes[row, col].set_xlabel(say(lang, "key"), fontsize=9)
             axes[0, col].set_ylabel(say(lang, "query"), fontsize=9)
         fig.suptitle(say(lang, "patterns", L=L), fontsize=12)
-        save_figure(fig, image("patterns", lang))
+        save(fig, "patterns", lang)
 
 
 # ---- chapter 8: the reverse task -----------------------------------------------------------
@@ -303,7 +368,7 @@ def reverse_training() -> None:
             plot_attention(w[best], list(text), ax=ax,
                            title=say(lang, "reverse_step", step=step, share=share[best]))
         fig.suptitle(say(lang, "reverse_training", head=best, text=text), fontsize=12)
-        save_figure(fig, image("reverse_training", lang))
+        save(fig, "reverse_training", lang)
 
 
 # ---- chapter 10: looking inside -------------------------------------------------------------
@@ -340,7 +405,7 @@ def inside_heads() -> None:
                           title=say(lang, "to_animal_title"))
         plot_head_effects(restored, ax=right, top=4, label=say(lang, "restored"),
                           title=say(lang, "restored_title"))
-        save_figure(fig, image("inside_heads", lang))
+        save(fig, "inside_heads", lang)
 
 
 def inside_rollout() -> None:
@@ -356,7 +421,7 @@ def inside_rollout() -> None:
     for lang in TEXT:
         fig = plot_rollout(rollout, tokens, row=it, raw=attentions[5][0, 11, it], flow=flow,
                            title=say(lang, "inside_rollout"))
-        save_figure(fig, image("inside_rollout", lang))
+        save(fig, "inside_rollout", lang)
 
 
 FIGURES = {"seed_attention": seed_attention, "zh_gemma": zh_gemma,

@@ -100,3 +100,29 @@ def test_the_chinese_tutorial_shows_the_chinese_pictures() -> None:
                   if not name.startswith(("bench_", "zh_"))]  # benchmarks; Chinese-only pictures
     assert drawn_here, "no picture of docs/make_figures.py in the Chinese tutorial"
     assert [name for name in drawn_here if not name.endswith("_zh.png")] == []
+
+
+def test_chinese_pictures_get_chinese_library_labels() -> None:
+    """What handformer's plot functions write in English (axis labels, panel titles, legends)
+    is put in Chinese in the Chinese pictures, and a label without a translation is refused
+    (so a new English label in a plot function cannot slip into a Chinese picture)."""
+    import torch
+
+    from handformer.viz import plot_attention, plot_rollout
+
+    figures = load_script("make_figures")
+    tokens = ["[CLS]", "it", "[SEP]"]
+    weights = torch.softmax(torch.randn(3, 3), dim=-1)
+    fig = figures.in_chinese(plot_attention(weights, tokens, title="标题"), "attention")
+    ax = fig.axes[0]
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("键（被关注的词元）", "查询（发出关注的词元）")
+    fig = figures.in_chinese(plot_rollout(weights, tokens, row=1, raw=weights[1],
+                                          title="标题"), "rollout")
+    shown = [t for a in fig.axes for t in (a.get_xlabel(), a.get_ylabel(), a.get_title())]
+    assert "注意力展开" in shown and "输出位置 1（it）从哪里来" in shown
+    legend = [t.get_text() for a in fig.axes if a.get_legend() for t in a.get_legend().get_texts()]
+    assert legend == ["原始注意力", "注意力展开"]
+    fig = plot_attention(weights, tokens, title="标题")
+    fig.axes[0].set_xlabel("a new English label")
+    with pytest.raises(ValueError, match="no Chinese for \\['a new English label'\\]"):
+        figures.in_chinese(fig, "attention")
