@@ -22,7 +22,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # handformer ("handformer" itself is the package's __init__, the public API it re-exports).
 LAYERS: list[tuple[str, ...]] = [
     ("checks", "hooks"),  # shared argument checks, hook points: import nothing of handformer
-    ("masks", "weights", "norms"),  # the mask convention; safetensors reading; LayerNorm, RMSNorm
+    ("masks", "weights", "norms", "packing"),  # the mask convention; safetensors reading;
+    # LayerNorm, RMSNorm; projection weights stored back to back
     ("attention",),
     ("positional", "positional_rotary"),
     ("layers", "decoder_layer"),

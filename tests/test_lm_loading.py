@@ -266,6 +266,26 @@ def test_build_causal_lm_from_tensors_in_memory(llama_dir: Path) -> None:
         build_causal_lm(config, state, source="memory")
 
 
+def test_loaded_projections_are_packed_with_the_files_values(llama_dir: Path,
+                                                             gemma3_dir: Path) -> None:
+    """load_lm installs the file's tensors, then stores q/k/v and gate/up back to back (as a
+    constructed model has them): one product each in a decoding step, the same values."""
+    from handformer.packing import packed_linear
+
+    for folder, prefix in ((llama_dir, "model"), (gemma3_dir, "model")):
+        model, _ = load_lm(folder, tokenizer=False)
+        state = load_file(folder / "model.safetensors")
+        for i, layer in enumerate(model.layers):
+            attn, ff = layer.self_attn, layer.ff
+            qkv = packed_linear(attn.q_proj, attn.k_proj, attn.v_proj)
+            gate_up = packed_linear(ff.gate_proj, ff.up_proj)
+            assert qkv is not None and gate_up is not None, (folder.name, i)
+            names = [f"{prefix}.layers.{i}.self_attn.{n}_proj.weight" for n in "qkv"]
+            assert torch.equal(qkv[0], torch.cat([state[n] for n in names]))
+            names = [f"{prefix}.layers.{i}.mlp.{n}_proj.weight" for n in ("gate", "up")]
+            assert torch.equal(gate_up[0], torch.cat([state[n] for n in names]))
+
+
 def test_attention_swaps_every_layer(llama_dir: Path) -> None:
     from handformer.attention.local import LocalAttention
 

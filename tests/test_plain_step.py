@@ -8,13 +8,16 @@ separate head, left padding, float64) and the cases it must hand back to the mod
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 import handformer as hf
 from handformer import inspect
 from handformer.attention.cache import KVCache
-from handformer.models.plain_step import PlainDecodeStep, plain_step_refusal
+from handformer.models.plain_step import PlainDecodeStep, _Norm, plain_step_refusal
+from handformer.packing import packed_linear
 
 V = 31
 
@@ -26,6 +29,12 @@ CONFIGS = [
     dict(positional="rotary", norm_first=False, bias=False),
     dict(bias=False, tie_weights=False, activation="gelu_tanh"),
     dict(attention="local", window_size=5),  # the rolling window cache
+    # Llama / Qwen3 / Gemma features: RMSNorm (with Gemma's offset), gated MLP, GQA, QK-norm,
+    # q/k/v biases without an output bias, sandwich norms
+    dict(positional="rotary", norm="rms", mlp="gated", activation="silu", num_kv_heads=1,
+         qkv_bias=True, out_bias=False, mlp_bias=False, qk_norm=True),
+    dict(positional="rotary", norm="rms", norm_offset=1.0, mlp="gated", activation="gelu_tanh",
+         num_kv_heads=1, bias=False, sandwich_norm=True, head_dim=12),
 ]
 
 
@@ -48,9 +57,14 @@ def prefilled(model: hf.CausalLM, ids: torch.Tensor, mask: torch.Tensor | None, 
     return cache
 
 
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "separate"])
 @pytest.mark.parametrize("config", CONFIGS)
-def test_plain_step_equals_recomputation_and_the_modules(config: dict) -> None:
+def test_plain_step_equals_recomputation_and_the_modules(config: dict, packed: bool) -> None:
     model = make(**config)
+    if not packed:  # deepcopy clones each parameter on its own: one product per projection
+        model = copy.deepcopy(model)
+    attn = model.layers[0].self_attn
+    assert (packed_linear(attn.q_proj, attn.k_proj, attn.v_proj) is not None) == packed
     ids = torch.randint(0, V, (2, 12))
     mask = torch.tensor([[1] * 12, [0] * 4 + [1] * 8])  # the second prompt is left-padded
     with torch.inference_mode():
@@ -182,3 +196,42 @@ def test_a_global_module_hook_sends_every_step_through_the_modules() -> None:
     finally:
         handle.remove()
     assert len(calls) == 3  # the prompt, then 2 steps: all through the modules
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(1, 576), (3, 64), (2, 9, 1, 64), (1, 1, 256)])
+def test_the_steps_rms_norm_is_torchs_bit_for_bit(shape: tuple, dtype: torch.dtype) -> None:
+    """The step writes RMSNorm out in five calls; they are torch.rms_norm's own steps (the
+    module path's), so the bits agree, and both are the float64 formula to rounding."""
+    torch.manual_seed(0)
+    for _ in range(20):
+        x = torch.randn(shape, dtype=dtype) * 3
+        weight = torch.randn(shape[-1], dtype=dtype)
+        mine = _Norm(True, weight, None, 1e-6)(x)
+        assert torch.equal(mine, torch.rms_norm(x, (shape[-1],), weight, 1e-6))
+        x64, w64 = x.double(), weight.double()
+        exact = x64 / (x64.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt() * w64
+        torch.testing.assert_close(mine, exact.to(dtype))  # rounding of the dtype
+
+
+def test_the_plain_step_follows_weights_changed_in_place() -> None:
+    """Packed weights are the parameters' own memory: an in-place update (an optimizer step)
+    is what the next plain step reads; a replaced parameter ends the packing, and the step
+    goes back to one product per projection, with the new values."""
+    model = make(positional="rotary", norm="rms", mlp="gated", activation="silu",
+                 num_kv_heads=1)
+    ids = torch.randint(0, V, (1, 8))
+    attn, ff = model.layers[1].self_attn, model.layers[1].ff
+    with torch.no_grad():
+        attn.k_proj.weight.mul_(-0.5)
+        ff.up_proj.weight.add_(0.25)
+    assert packed_linear(attn.q_proj, attn.k_proj, attn.v_proj) is not None
+    assert packed_linear(ff.gate_proj, ff.up_proj) is not None
+    for _ in range(2):
+        with torch.inference_mode():
+            full = model(ids).logits[:, 4:]
+            step = PlainDecodeStep.build(model, prefilled(model, ids, None, 4))
+            plain = torch.stack([step(ids[:, i]) for i in range(4, 8)], 1)
+        torch.testing.assert_close(plain, full, atol=1e-5, rtol=1e-5)
+        attn.v_proj.weight = torch.nn.Parameter(attn.v_proj.weight.detach() * 2)  # replaced
+        assert packed_linear(attn.q_proj, attn.k_proj, attn.v_proj) is None

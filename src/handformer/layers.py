@@ -26,12 +26,13 @@ from handformer.attention.registry import attention_kind
 from handformer.checks import check_dropout, check_positive_int, check_scale
 from handformer.hooks import HookError, HookPoint
 from handformer.norms import LayerNorm, RMSNorm
+from handformer.packing import pack_linears
 
 if TYPE_CHECKING:
     from handformer.attention.cache import LayerCache
 
 __all__ = ["MultiHeadAttention", "FeedForward", "GatedFeedForward", "EncoderLayer", "Dropout",
-           "ACTIVATIONS"]
+           "ACTIVATIONS", "pack_projections"]
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
@@ -199,6 +200,7 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(self.kdim, kv_inner, bias=qkv_bias)
         self.v_proj = nn.Linear(self.vdim, kv_inner, bias=qkv_bias)
         self.out_proj = nn.Linear(inner, d_model, bias=out_bias)
+        pack_linears(self.q_proj, self.k_proj, self.v_proj)  # one tensor (self-attention)
         if qk_norm:
             self.q_norm = RMSNorm(self.head_dim, eps=qk_norm_eps, offset=norm_offset)
             self.k_norm = RMSNorm(self.head_dim, eps=qk_norm_eps, offset=norm_offset)
@@ -439,6 +441,7 @@ class GatedFeedForward(nn.Module):
         self.gate_proj = nn.Linear(d_model, d_ff, bias=bias)
         self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
         self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
+        pack_linears(self.gate_proj, self.up_proj)  # [W_gate; W_up] in one tensor
         self.dropout = Dropout(check_dropout("dropout", dropout))
         self.hook_pre, self.hook_pre_linear = HookPoint(), HookPoint()
         self.hook_post = HookPoint()
@@ -453,6 +456,20 @@ class GatedFeedForward(nn.Module):
         else:
             h = self.activation(gate) * up
         return self.down_proj(self.dropout(self.hook_post(h)))
+
+
+def pack_projections(model: nn.Module) -> None:
+    """Store the projections that read one input back to back, as the constructors do:
+    ``q_proj``/``k_proj``/``v_proj`` of every :class:`MultiHeadAttention` and
+    ``gate_proj``/``up_proj`` of every :class:`GatedFeedForward` in ``model`` (see
+    :mod:`handformer.packing`). For a model whose parameters were replaced after it was built
+    (a loader that installs the checkpoint's tensors); values are unchanged.
+    """
+    for module in model.modules():
+        if isinstance(module, MultiHeadAttention):
+            pack_linears(module.q_proj, module.k_proj, module.v_proj)
+        elif isinstance(module, GatedFeedForward):
+            pack_linears(module.gate_proj, module.up_proj)
 
 
 class EncoderLayer(nn.Module):

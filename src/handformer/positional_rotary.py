@@ -153,7 +153,7 @@ def rotate_with_tables(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     decoding step): ``x * [cos, cos] + [x2, x1] * [-sin, sin]``, ``x: (..., D)``, in the
     tables' dtype, returned in ``x``'s."""
     xc = x if x.dtype == cos.dtype else x.to(cos.dtype)  # float32 arithmetic for half inputs
-    swapped = xc.unflatten(-1, (2, -1)).flip(-2).flatten(-2)  # (..., D): [x2, x1], a copy
+    swapped = xc.roll(xc.shape[-1] // 2, dims=-1)  # (..., D): [x2, x1], a copy
     out = (xc * cos).add_(swapped.mul_(sin))  # in place on the two fresh tensors only
     return out if out.dtype == x.dtype else out.to(x.dtype)
 

@@ -12,14 +12,16 @@ computes the same numbers, reading each layer's parameters once per ``generate``
 nothing between the tensor operations. Per layer (pre-LN, as GPT-2)::
 
     h = norm1(x)                            # (B, E); LayerNorm or RMSNorm
-    q, k, v = linear(h, W_q), ..., ...      # viewed as (B, H, 1, D), (B, H_kv, 1, D) x 2
+    q, k, v = linear(h, [W_q; W_k; W_v])    # viewed as (B, H, 1, D), (B, H_kv, 1, D) x 2:
+                                            # one product where the weights are packed
     q, k = q_norm(q), k_norm(k)             # QK-norm only
     q, k = rotate(q), rotate(k)             # rotary positions only (the layer's own table)
     K, V, mask = cache.push(k, v)           # (B, H_kv, L_k, D); full: written in place,
                                             # sliding: the rolling window plus the new key
     a = attend(q as (B, H_kv, G, D), K, V)  # grouped, no copy of K/V; soft-capped if asked
     x = x + post_attn_norm(linear(a, W_o))  # sandwich norms only
-    x = x + post_mlp_norm(mlp(norm3(x)))    # plain: W_2 act(W_1 h); gated: W_d (act(W_g h) * W_u h)
+    x = x + post_mlp_norm(mlp(norm3(x)))    # plain: W_2 act(W_1 h); gated: W_d (act(g) * u)
+                                            # with [g | u] = linear(h, [W_g; W_u])
 
 (post-LN layers put the norm after each residual sum instead); the embedding is scaled
 (``embed_scale``) and the logits soft-capped (``final_softcap``) when the config says so.
@@ -48,8 +50,9 @@ from handformer.attention.functional import soft_cap
 from handformer.attention.kinds import FullAttention
 from handformer.attention.local import LocalAttention
 from handformer.decoder_layer import DecoderLayer
-from handformer.layers import FeedForward, GatedFeedForward
+from handformer.layers import _IN_PLACE, ACTIVATIONS, FeedForward, GatedFeedForward
 from handformer.norms import LayerNorm, RMSNorm
+from handformer.packing import packed_linear
 from handformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from handformer.positional_rotary import RotaryEmbedding, rotate_with_tables
 
@@ -74,7 +77,10 @@ class _Norm:
         if x.dtype in (torch.float16, torch.bfloat16):  # as RMSNorm: in float32
             return torch.rms_norm(x.float(), (x.shape[-1],), self.weight.float(),
                                   self.eps).to(x.dtype)
-        return torch.rms_norm(x, (x.shape[-1],), self.weight, self.eps)  # (F.rms_norm's op)
+        # torch.rms_norm's own steps, in as few calls (its CPU kernel makes about 18 for a
+        # 576-wide row): x * rsqrt(mean(x^2) + eps) * w, the same bits.
+        inv_rms = (x * x).mean(-1, keepdim=True).add_(self.eps).rsqrt_()  # (..., 1)
+        return (x * inv_rms).mul_(self.weight)
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,7 @@ class _Layer:
     q: Linear  # (H * D, E)
     k: Linear  # (H_kv * D, E)
     v: Linear
+    qkv: Linear | None  # ((H + 2 H_kv) * D, E): q, k, v stored back to back (or None)
     out: Linear  # (E, H * D)
     q_norm: _Norm | None  # (D,)
     k_norm: _Norm | None
@@ -96,7 +103,8 @@ class _Layer:
     ff1: Linear  # plain: linear1 (d_ff, E); gated: gate_proj
     ff2: Linear  # plain: linear2 (E, d_ff); gated: down_proj
     up: Linear | None  # gated: up_proj (d_ff, E)
-    activation: Callable[[Tensor], Tensor]
+    gate_up: Linear | None  # gated: (2 d_ff, E), gate and up stored back to back (or None)
+    activation: Callable[[Tensor], Tensor]  # overwrites its input where it is a stock one
     rotary: RotaryEmbedding | None
     scale: float | None
     softcap: float | None
@@ -162,6 +170,14 @@ def _norm(module: nn.Module | None) -> _Norm | None:
     return _Norm(False, module.weight, module.bias, module.eps)
 
 
+def _activation(ff: FeedForward | GatedFeedForward) -> Callable[[Tensor], Tensor]:
+    """The MLP's activation, overwriting its input (a fresh tensor of the step's) unless the
+    module's activation was replaced."""
+    if ff.activation is ACTIVATIONS.get(ff.activation_name):
+        return _IN_PLACE[ff.activation_name]
+    return ff.activation
+
+
 def _layer(layer: DecoderLayer, layer_cache: KVCache | WindowKVCache) -> _Layer:
     attn, ff = layer.self_attn, layer.ff
     gated = isinstance(ff, GatedFeedForward)
@@ -169,12 +185,14 @@ def _layer(layer: DecoderLayer, layer_cache: KVCache | WindowKVCache) -> _Layer:
         norm_first=layer.norm_first, norm1=_norm(layer.norm1), norm3=_norm(layer.norm3),
         post_attn=_norm(layer.post_attn_norm), post_mlp=_norm(layer.post_mlp_norm),
         q=_linear(attn.q_proj), k=_linear(attn.k_proj), v=_linear(attn.v_proj),
+        qkv=packed_linear(attn.q_proj, attn.k_proj, attn.v_proj),
         out=_linear(attn.out_proj), q_norm=_norm(attn.q_norm), k_norm=_norm(attn.k_norm),
         gated=gated, ff1=_linear(ff.gate_proj if gated else ff.linear1),
         ff2=_linear(ff.down_proj if gated else ff.linear2),
-        up=_linear(ff.up_proj) if gated else None, activation=ff.activation,
-        rotary=attn.rotary, scale=attn.scale, softcap=attn.attention.softcap,
-        cache=layer_cache)
+        up=_linear(ff.up_proj) if gated else None,
+        gate_up=packed_linear(ff.gate_proj, ff.up_proj) if gated else None,
+        activation=_activation(ff), rotary=attn.rotary, scale=attn.scale,
+        softcap=attn.attention.softcap, cache=layer_cache)
 
 
 def _capped_step(q: Tensor, keys: Tensor, values: Tensor, key_mask: Tensor | None,
@@ -246,16 +264,15 @@ class PlainDecodeStep:
         compute = torch.float64 if x.dtype == torch.float64 else torch.float32
         for rotary in self.rotaries:
             tables[id(rotary)] = rotary.tables(positions[:, None], compute, x.device)
+        H = self.num_heads
         for layer in self.layers:
             h = layer.norm1(x) if layer.norm_first else x
-            q = F.linear(h, *layer.q).view(B, self.num_heads, 1, -1)  # (B, H, 1, D)
-            k = F.linear(h, *layer.k).view(B, self.num_kv_heads, 1, -1)  # (B, H_kv, 1, D)
-            v = F.linear(h, *layer.v).view(B, self.num_kv_heads, 1, -1)
+            qk, v = self._qk_v(layer, h)  # (B, H + H_kv, 1, D), (B, H_kv, 1, D)
             if layer.q_norm is not None:
-                q, k = layer.q_norm(q), layer.k_norm(k)
+                qk = torch.cat([layer.q_norm(qk[:, :H]), layer.k_norm(qk[:, H:])], dim=1)
             if layer.rotary is not None:  # q and k turned together: one rotation, not two
-                qk = rotate_with_tables(torch.cat([q, k], dim=1), *tables[id(layer.rotary)])
-                q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]  # (B, H | H_kv, 1, D)
+                qk = rotate_with_tables(qk, *tables[id(layer.rotary)])
+            q, k = qk[:, :H], qk[:, H:]  # (B, H, 1, D), (B, H_kv, 1, D)
             keys, values, key_mask = layer.cache.push(k, v)  # (B, H_kv, L_k, D) each
             if layer.softcap is None:
                 z = grouped_step(q, keys, values, key_mask, layer.scale)  # (B, H, 1, D)
@@ -276,11 +293,26 @@ class PlainDecodeStep:
         self.cache.next_positions = positions + 1
         return soft_cap(F.linear(x, self.lm_head), self.final_softcap)  # (B, V)
 
+    def _qk_v(self, layer: _Layer, h: Tensor) -> tuple[Tensor, Tensor]:
+        """The queries and keys of ``h: (B, E)`` side by side, ``(B, H + H_kv, 1, D)``, and
+        the values, ``(B, H_kv, 1, D)``: one product where the weights are packed."""
+        B, H, H_kv = h.shape[0], self.num_heads, self.num_kv_heads
+        if layer.qkv is not None:
+            qkv = F.linear(h, *layer.qkv).view(B, H + 2 * H_kv, 1, -1)  # (B, H + 2 H_kv, 1, D)
+            return qkv[:, :H + H_kv], qkv[:, H + H_kv:]
+        q = F.linear(h, *layer.q).view(B, H, 1, -1)  # (B, H, 1, D)
+        k = F.linear(h, *layer.k).view(B, H_kv, 1, -1)  # (B, H_kv, 1, D)
+        v = F.linear(h, *layer.v).view(B, H_kv, 1, -1)
+        return torch.cat([q, k], dim=1), v
+
     @staticmethod
     def _mlp(layer: _Layer, h: Tensor) -> Tensor:
         """The layer's MLP on ``h: (B, E)``, with its sandwich norm."""
-        if layer.gated:
-            hidden = layer.activation(F.linear(h, *layer.ff1)) * F.linear(h, *layer.up)
+        if layer.gate_up is not None:  # one product: [gate | up], (B, 2 d_ff)
+            gate, up = F.linear(h, *layer.gate_up).chunk(2, dim=-1)  # (B, d_ff) each
+            hidden = layer.activation(gate).mul_(up)
+        elif layer.gated:
+            hidden = layer.activation(F.linear(h, *layer.ff1)).mul_(F.linear(h, *layer.up))
         else:
             hidden = layer.activation(F.linear(h, *layer.ff1))  # (B, d_ff)
         out = F.linear(hidden, *layer.ff2)  # (B, E)

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from handformer.attention.kinds import AttentionKind
-from handformer.layers import check_attention
+from handformer.layers import check_attention, pack_projections
 from handformer.models.causal_lm import CausalLM
 from handformer.pretrained.families import HANDFORMER_TYPE, Family, family_for
 from handformer.pretrained.folders import CONFIG_NAME, WEIGHTS_NAME, read_config_json
@@ -329,6 +329,8 @@ def build_causal_lm(hf_config: Mapping[str, object], state: Mapping[str, Tensor]
     for name, value in values.items():
         owner, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(owner), leaf, nn.Parameter(value))
+    values.clear()  # the parameters hold the tensors now: packing frees each original
+    pack_projections(model)  # q/k/v and gate/up back to back, as a constructed model has them
     if config.tie_weights:  # type: ignore[attr-defined]
         model.lm_head.weight = model.tok_emb.weight
     left = [n for n, p in model.named_parameters() if p.device.type == "meta"]

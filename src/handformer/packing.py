@@ -1,0 +1,103 @@
+"""Linear layers that read one input, with their weights stored back to back.
+
+``q_proj``, ``k_proj`` and ``v_proj`` of a self-attention layer all multiply the same ``h``;
+so do ``gate_proj`` and ``up_proj`` of a gated MLP. The modules stay separate (their names,
+hook points and checkpoint keys are the readable ones), but their weights can live in one
+tensor, each module's ``weight`` a view of its rows::
+
+    packed = [W_q; W_k; W_v]        # (H*D + 2*H_kv*D, E), one allocation
+    q_proj.weight = packed[:H*D]    # a view: same memory, an ordinary Parameter
+
+Then one matrix product, ``h @ packed.T``, computes ``q``, ``k`` and ``v`` together: the same
+numbers (each output feature is the same dot product), one call instead of three. That
+matters in a decoding step, where a batch-1 step of a small model spends a good part of its
+time on calls rather than arithmetic (see :mod:`handformer.models.plain_step`).
+
+:func:`pack_linears` lays the weights out so; :func:`packed_linear` finds out, at the time it
+is asked, whether they still are (an optimizer step or ``load_state_dict`` writes in place and
+keeps the layout; ``model.to(torch.float16)``, ``copy.deepcopy`` or assigning a new
+``Parameter`` ends it, and the caller goes back to one product per module).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["pack_linears", "packed_linear"]
+
+
+def _compatible(tensors: list[Tensor]) -> bool:
+    first = tensors[0]
+    return all(t.dtype == first.dtype and t.device == first.device
+               and t.shape[1:] == first.shape[1:] for t in tensors)
+
+
+def pack_linears(*linears: nn.Linear) -> None:
+    """Store the weights of ``linears`` (same input size, dtype and device) back to back in
+    one new tensor, and their biases too when every one has a bias; each module's ``weight``
+    (and ``bias``) becomes a view of its rows. Values and ``requires_grad`` are unchanged.
+    Linears that cannot be packed (different input sizes, dtypes or devices; some with a bias
+    and some without) are left as they are.
+
+    Args:
+        linears: two or more ``nn.Linear`` modules that will multiply the same input.
+    """
+    weights = [m.weight for m in linears]
+    biases = [m.bias for m in linears]
+    if len(linears) < 2 or not _compatible(weights):
+        return
+    with_bias = all(b is not None for b in biases)
+    if not with_bias and any(b is not None for b in biases):
+        return
+    if with_bias and not _compatible(biases):  # type: ignore[arg-type]
+        return
+    for name, parts in (("weight", weights), ("bias", biases if with_bias else [])):
+        if not parts:
+            continue
+        with torch.no_grad():
+            packed = torch.cat([p.detach() for p in parts])  # (sum of out, ...) one tensor
+        start = 0
+        for module, part in zip(linears, parts, strict=True):
+            rows = part.shape[0]
+            view = packed[start:start + rows]  # (out_i, ...): this module's rows
+            setattr(module, name, nn.Parameter(view, requires_grad=part.requires_grad))
+            start += rows
+
+
+def _back_to_back(tensors: list[Tensor]) -> Tensor | None:
+    """One tensor viewing ``tensors`` (contiguous, each starting where the previous one ends
+    in one storage) as their concatenation along dim 0, or None if they are not so."""
+    if not _compatible(tensors) or not all(t.is_contiguous() for t in tensors):
+        return None
+    storage = tensors[0].untyped_storage().data_ptr()
+    offset = tensors[0].storage_offset()
+    for t in tensors:
+        if t.untyped_storage().data_ptr() != storage or t.storage_offset() != offset:
+            return None
+        offset += t.numel()
+    first = tensors[0].detach()
+    shape = (sum(t.shape[0] for t in tensors), *first.shape[1:])
+    strides = (math.prod(first.shape[1:]), *first.stride()[1:])  # contiguous: (E, 1) or (1,)
+    return first.as_strided(shape, strides, first.storage_offset())  # (sum of out, ...)
+
+
+def packed_linear(*linears: nn.Linear) -> tuple[Tensor, Tensor | None] | None:
+    """``(weight, bias)`` of ``linears`` as one linear layer (views of their memory, no copy)
+    when :func:`pack_linears` laid them out and they still are so; None otherwise.
+
+    ``F.linear(h, *packed_linear(a, b))`` equals ``torch.cat([a(h), b(h)], -1)``.
+
+    Returns:
+        ``(weight (sum of out, in), bias (sum of out,) or None)``, or None.
+    """
+    weight = _back_to_back([m.weight for m in linears])
+    biases = [m.bias for m in linears]
+    if weight is None or len({b is None for b in biases}) > 1:  # some with a bias, some not
+        return None
+    if biases[0] is None:
+        return weight, None
+    bias = _back_to_back(biases)  # type: ignore[arg-type]
+    return None if bias is None else (weight, bias)
