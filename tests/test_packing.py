@@ -9,7 +9,7 @@ from torch import nn
 
 import handformer as hf
 from handformer.layers import GatedFeedForward, MultiHeadAttention
-from handformer.packing import pack_linears, packed_linear
+from handformer.packing import empty_packed, pack_linears, packed_linear
 
 
 def linears(*outs: int, bias: bool = True, d: int = 8) -> list[nn.Linear]:
@@ -99,3 +99,30 @@ def test_a_packed_model_saves_and_loads_the_same_tensors(tmp_path) -> None:
     assert all(torch.equal(state[k], loaded[k]) for k in state)
     attn = again.layers[0].self_attn
     assert packed_linear(attn.q_proj, attn.k_proj, attn.v_proj) is not None
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_empty_packed_gives_a_layout_the_step_recognises(bias: bool) -> None:
+    with torch.device("meta"):  # a loader's modules: shapes only
+        group = [nn.Linear(8, n, bias=bias) for n in (6, 2, 2)]
+    params = [m.weight for m in group] + ([m.bias for m in group] if bias else [])
+    pairs = empty_packed(*group, dtype=torch.float64, device="cpu")
+    assert len(pairs) == len(params)  # each parameter once, weights first
+    assert all(p is q for (p, _), q in zip(pairs, params, strict=True))
+    real = [nn.Linear(8, n, bias=bias, dtype=torch.float64) for n in (6, 2, 2)]
+    sources = [m.weight for m in real] + ([m.bias for m in real] if bias else [])
+    for i, ((param, view), source) in enumerate(zip(pairs, sources, strict=True)):
+        assert view.shape == param.shape and view.dtype == torch.float64
+        view.copy_(source.detach())
+        setattr(group[i % 3], "weight" if i < 3 else "bias", nn.Parameter(view))
+    packed = packed_linear(*group)
+    assert packed is not None  # back to back in one storage
+    h = torch.randn(4, 8, dtype=torch.float64)
+    expected = torch.cat([m(h) for m in real], -1)
+    torch.testing.assert_close(torch.nn.functional.linear(h, *packed), expected, rtol=0, atol=1e-12)
+
+
+def test_empty_packed_refuses_what_cannot_be_packed() -> None:
+    mixed = [nn.Linear(8, 4, bias=True), nn.Linear(8, 4, bias=False)]
+    assert empty_packed(*mixed, dtype=torch.float32, device="cpu") == []
+    assert empty_packed(nn.Linear(8, 4), dtype=torch.float32, device="cpu") == []

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from handformer.attention.cache import LayerCache
 
 __all__ = ["MultiHeadAttention", "FeedForward", "GatedFeedForward", "EncoderLayer", "Dropout",
-           "ACTIVATIONS", "pack_projections"]
+           "ACTIVATIONS", "projection_groups"]
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
@@ -458,18 +458,19 @@ class GatedFeedForward(nn.Module):
         return self.down_proj(self.dropout(self.hook_post(h)))
 
 
-def pack_projections(model: nn.Module) -> None:
-    """Store the projections that read one input back to back, as the constructors do:
-    ``q_proj``/``k_proj``/``v_proj`` of every :class:`MultiHeadAttention` and
-    ``gate_proj``/``up_proj`` of every :class:`GatedFeedForward` in ``model`` (see
-    :mod:`handformer.packing`). For a model whose parameters were replaced after it was built
-    (a loader that installs the checkpoint's tensors); values are unchanged.
+def projection_groups(model: nn.Module) -> list[tuple[nn.Linear, ...]]:
+    """The projections of ``model`` that read one input, which the constructors store back to
+    back (:mod:`handformer.packing`): ``(q_proj, k_proj, v_proj)`` of every
+    :class:`MultiHeadAttention` and ``(gate_proj, up_proj)`` of every
+    :class:`GatedFeedForward`. A loader that installs a checkpoint's tensors lays them out so.
     """
+    groups: list[tuple[nn.Linear, ...]] = []
     for module in model.modules():
         if isinstance(module, MultiHeadAttention):
-            pack_linears(module.q_proj, module.k_proj, module.v_proj)
+            groups.append((module.q_proj, module.k_proj, module.v_proj))
         elif isinstance(module, GatedFeedForward):
-            pack_linears(module.gate_proj, module.up_proj)
+            groups.append((module.gate_proj, module.up_proj))
+    return groups
 
 
 class EncoderLayer(nn.Module):

@@ -26,13 +26,25 @@ import math
 import torch
 from torch import Tensor, nn
 
-__all__ = ["pack_linears", "packed_linear"]
+__all__ = ["pack_linears", "packable", "empty_packed", "packed_linear"]
 
 
 def _compatible(tensors: list[Tensor]) -> bool:
     first = tensors[0]
     return all(t.dtype == first.dtype and t.device == first.device
                and t.shape[1:] == first.shape[1:] for t in tensors)
+
+
+def packable(*linears: nn.Linear) -> bool:
+    """Whether :func:`pack_linears` packs ``linears``: two or more, with weights of one input
+    size, dtype and device, and a bias on every one or on none."""
+    weights = [m.weight for m in linears]
+    biases = [m.bias for m in linears]
+    if len(linears) < 2 or not _compatible(weights):
+        return False
+    if all(b is None for b in biases):
+        return True
+    return all(b is not None for b in biases) and _compatible(biases)  # type: ignore[arg-type]
 
 
 def pack_linears(*linears: nn.Linear) -> None:
@@ -45,17 +57,11 @@ def pack_linears(*linears: nn.Linear) -> None:
     Args:
         linears: two or more ``nn.Linear`` modules that will multiply the same input.
     """
-    weights = [m.weight for m in linears]
-    biases = [m.bias for m in linears]
-    if len(linears) < 2 or not _compatible(weights):
+    if not packable(*linears):
         return
-    with_bias = all(b is not None for b in biases)
-    if not with_bias and any(b is not None for b in biases):
-        return
-    if with_bias and not _compatible(biases):  # type: ignore[arg-type]
-        return
-    for name, parts in (("weight", weights), ("bias", biases if with_bias else [])):
-        if not parts:
+    for name in ("weight", "bias"):
+        parts = [getattr(m, name) for m in linears]
+        if parts[0] is None:  # no biases
             continue
         with torch.no_grad():
             packed = torch.cat([p.detach() for p in parts])  # (sum of out, ...) one tensor
@@ -65,6 +71,35 @@ def pack_linears(*linears: nn.Linear) -> None:
             view = packed[start:start + rows]  # (out_i, ...): this module's rows
             setattr(module, name, nn.Parameter(view, requires_grad=part.requires_grad))
             start += rows
+
+
+def empty_packed(*linears: nn.Linear, dtype: torch.dtype, device: torch.device | str
+                 ) -> list[tuple[nn.Parameter, Tensor]]:
+    """Uninitialised memory laid out as :func:`pack_linears` lays ``linears`` out, for a loader
+    that fills it straight from a checkpoint (no second copy, no packing afterwards).
+
+    The modules may live on the ``meta`` device: only their shapes are read.
+
+    Args:
+        linears: the modules of one group (as for :func:`pack_linears`).
+        dtype: the dtype of the new memory.
+        device: where it lives.
+
+    Returns:
+        ``(parameter, view)`` for each weight, then each bias when all have one: ``view`` is
+        that parameter's rows in the new tensor. Empty when :func:`packable` says no.
+    """
+    if not packable(*linears):
+        return []
+    pairs: list[tuple[nn.Parameter, Tensor]] = []
+    for name in ("weight", "bias"):
+        params = [getattr(m, name) for m in linears]
+        if params[0] is None:  # no biases
+            continue
+        rows = [p.shape[0] for p in params]
+        packed = torch.empty((sum(rows), *params[0].shape[1:]), dtype=dtype, device=device)
+        pairs += zip(params, packed.split(rows), strict=True)  # views (out_i, ...) each
+    return pairs
 
 
 def _back_to_back(tensors: list[Tensor]) -> Tensor | None:

@@ -34,8 +34,9 @@ import torch
 from torch import Tensor, nn
 
 from handformer.attention.kinds import AttentionKind
-from handformer.layers import check_attention, pack_projections
+from handformer.layers import check_attention, projection_groups
 from handformer.models.causal_lm import CausalLM
+from handformer.packing import empty_packed
 from handformer.pretrained.families import HANDFORMER_TYPE, Family, family_for
 from handformer.pretrained.folders import CONFIG_NAME, WEIGHTS_NAME, read_config_json
 from handformer.pretrained.text_tokenizer import TextTokenizer, missing_tokenizer_note
@@ -319,18 +320,19 @@ def build_causal_lm(hf_config: Mapping[str, object], state: Mapping[str, Tensor]
                               f"({hf_config.get('model_type')}); nothing was loaded.\n"
                               + "\n".join(problems))
     aliases = {name: group[0] for group in _alias_groups(holder) for name in group}
+    slots = _packed_slots(model, dtype, where)
     values: dict[str, Tensor] = {}
     for file_key, target, _ in plan:
         tensor = state[file_key]
         for our_key, transform in _targets(canonical[aliases[target]]):
             value = tensor if transform is None else transform(tensor)  # type: ignore[operator]
-            values[our_key] = value.to(device=where, dtype=dtype).contiguous()
+            value = value.to(device=where, dtype=dtype)
+            values[our_key] = (slots[our_key].copy_(value) if our_key in slots
+                               else value.contiguous())
         del tensor
     for name, value in values.items():
         owner, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(owner), leaf, nn.Parameter(value))
-    values.clear()  # the parameters hold the tensors now: packing frees each original
-    pack_projections(model)  # q/k/v and gate/up back to back, as a constructed model has them
     if config.tie_weights:  # type: ignore[attr-defined]
         model.lm_head.weight = model.tok_emb.weight
     left = [n for n, p in model.named_parameters() if p.device.type == "meta"]
@@ -340,6 +342,16 @@ def build_causal_lm(hf_config: Mapping[str, object], state: Mapping[str, Tensor]
     if attention is not None:
         swap_attention(model, attention)
     return model.eval()
+
+
+def _packed_slots(model: CausalLM, dtype: torch.dtype, device: torch.device
+                  ) -> dict[str, Tensor]:
+    """Parameter name -> its rows in one new tensor per group of projections that read one
+    input (q/k/v, gate/up; :func:`~handformer.packing.empty_packed`): the file's tensors are
+    copied straight into them, so the model is packed as a constructed one is."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    return {names[id(p)]: view for group in projection_groups(model)
+            for p, view in empty_packed(*group, dtype=dtype, device=device)}
 
 
 def _tie(family: Family, config: object) -> tuple[str, str] | None:
@@ -555,13 +567,16 @@ def folder_tokenizer(folder: Path, data: Mapping[str, object]) -> object | None:
     """
     model_type = data.get("model_type")
     if model_type not in ("gpt2", HANDFORMER_TYPE) and (folder / "tokenizer.json").is_file():
-        try:
-            lm_tokenizer = _sibling("lm_tokenizer")
-        except ImportError:  # before the tokenizer module lands: the plain one
-            pass
-        else:
-            return lm_tokenizer.LMTokenizer.from_folder(folder)
+        return _sibling("lm_tokenizer").LMTokenizer.from_folder(folder)
     return TextTokenizer.from_dir(folder, eos_token_id=_eos_token_id(folder, data))
+
+
+class _HandedOver(dict):
+    """Dequantized tensors that leave the dict as the loader reads them: a projection copied
+    into its packed tensor is then freed at once (peak: about one copy of the model)."""
+
+    def __getitem__(self, key: str) -> Tensor:
+        return self.pop(key)
 
 
 def _load_gguf(path: Path, *, dtype: torch.dtype, device: object, attention: object,
@@ -569,6 +584,7 @@ def _load_gguf(path: Path, *, dtype: torch.dtype, device: object, attention: obj
     """A ``.gguf`` file through :mod:`handformer.pretrained.gguf`."""
     file = _sibling("gguf.reader").read_gguf(path)
     hf_config, state = _sibling("gguf.convert").gguf_to_hf(file, dtype=dtype)
+    state = _HandedOver(state)  # (the only reference to the tensors now)
     model = build_causal_lm(hf_config, state, source=str(path), dtype=dtype, device=device,
                             attention=attention)
     del state
