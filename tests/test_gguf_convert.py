@@ -32,8 +32,15 @@ from gguf_util import (
     write_gguf,
 )
 from handformer.pretrained import CheckpointError
-from handformer.pretrained.gguf import SUPPORTED_ARCHITECTURES, gguf_to_hf, read_gguf
+from handformer.pretrained.gguf import (
+    SUPPORTED_ARCHITECTURES,
+    GGUFState,
+    gguf_state,
+    gguf_to_hf,
+    read_gguf,
+)
 from handformer.pretrained.gguf.convert import llama_row_order
+from handformer.weights import DTYPES
 
 IDS = torch.tensor([[1, 5, 9, 3, 7, 2, 11, 4, 6, 8, 10, 12, 13, 14]])
 
@@ -108,6 +115,28 @@ def test_llama_comes_back_exactly(tiny_llama: tuple) -> None:
     assert config["tie_word_embeddings"] is False and config["vocab_size"] == 40
     assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": 5000.0}
     torch.testing.assert_close(logits(rebuild(config, ours)), expected, rtol=0, atol=1e-5)
+
+
+def _assert_lazy_state_is_the_eager_one(path: Path, dtype: torch.dtype) -> None:
+    """gguf_state: a header that describes each tensor before it is read, and the tensors
+    gguf_to_hf returns, fresh on every access."""
+    _, eager = gguf_to_hf(path, dtype=dtype)
+    _, lazy = gguf_state(path, dtype=dtype)
+    assert isinstance(lazy, GGUFState) and sorted(lazy) == sorted(eager)
+    for name, tensor in eager.items():
+        assert lazy.header[name]["shape"] == list(tensor.shape), name
+        assert DTYPES[lazy.header[name]["dtype"]] == tensor.dtype == dtype
+        first = lazy[name]
+        torch.testing.assert_close(first, tensor, rtol=0, atol=0)
+        assert lazy[name].data_ptr() != first.data_ptr()  # read again, not kept
+        out = torch.full_like(tensor, float("nan"))
+        assert lazy.read_into(name, out).data_ptr() == out.data_ptr()  # into out's memory
+        torch.testing.assert_close(out, tensor, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lazy_state_llama(tiny_llama: tuple, dtype: torch.dtype) -> None:
+    _assert_lazy_state_is_the_eager_one(tiny_llama[0], dtype)  # Q/K rows permuted
 
 
 def test_llama_permutation_matters(tiny_llama: tuple, tmp_path: Path) -> None:
@@ -223,6 +252,10 @@ def test_gemma3_supplied_fields_matter(tiny_gemma3: tuple, change: str) -> None:
     assert not torch.allclose(logits(rebuild(config, ours)), logits(model), atol=1e-3)
 
 
+def test_lazy_state_gemma3(tiny_gemma3: tuple) -> None:
+    _assert_lazy_state_is_the_eager_one(tiny_gemma3[0], torch.float32)  # norms minus one
+
+
 def test_gemma_norm_offset_matters(tiny_gemma3: tuple, tmp_path: Path) -> None:
     """Every *norm.weight (QK-norms included) gets 1 subtracted: a file written without the
     +1 comes back 1 lower."""
@@ -272,6 +305,7 @@ def test_gpt2(tmp_path: Path) -> None:
     assert config["tie_word_embeddings"] is True
     assert_same_state(ours, {k: v for k, v in state.items() if k != "lm_head.weight"})
     assert ours["transformer.h.0.attn.c_attn.weight"].shape == (32, 96)
+    _assert_lazy_state_is_the_eager_one(tmp_path / "g.gguf", torch.float32)  # transposed
     torch.testing.assert_close(logits(rebuild(config, ours)), logits(model), rtol=0, atol=1e-5)
 
 

@@ -125,6 +125,27 @@ def test_row_order_and_offset(tmp_path: Path) -> None:
         dequantize_tensor(f, f.tensors["w"], row_order=torch.arange(3))
 
 
+def test_out_is_written_in_place(tmp_path: Path) -> None:
+    w = np.arange(24, dtype=np.float32).reshape(4, 6)
+    f = read_gguf(write_gguf(tmp_path / "t.gguf", "llama", {}, {"w": w}))
+    memory = torch.full((10, 6), -7.0)  # a loader's packed tensor: w goes into rows 3..6
+    order = torch.tensor([2, 0, 3, 1])
+    result = dequantize_tensor(f, f.tensors["w"], row_order=order, offset=-1.0,
+                               out=memory[3:7])
+    assert result.data_ptr() == memory[3].data_ptr()  # no new memory
+    expected = torch.empty(4, 6)
+    expected[order] = torch.from_numpy(w) - 1
+    assert torch.equal(memory[3:7], expected)
+    assert (memory[:3] == -7).all() and (memory[7:] == -7).all()  # nothing else written
+    bad_outs = {r"\(4, 5\) torch.float32": torch.empty(4, 5),
+                r"\(4, 6\) torch.float64": torch.empty(4, 6).double(),
+                r"\(4, 6\) torch.float32": torch.empty(6, 4).t()}  # not contiguous
+    for what, bad in bad_outs.items():
+        with pytest.raises(ValueError, match=rf"out must be a contiguous CPU tensor of shape "
+                                             rf"\(4, 6\) .* for tensor 'w', got {what} on cpu"):
+            dequantize_tensor(f, f.tensors["w"], out=bad)
+
+
 def test_refusals(tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "t.gguf", "llama", {},
                       {"ints": np.arange(32, dtype=np.int32),

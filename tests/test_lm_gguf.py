@@ -22,6 +22,7 @@ pytest.importorskip("handformer.pretrained.gguf")
 gguf_util = pytest.importorskip("gguf_util")
 
 from handformer.cli import main  # noqa: E402
+from handformer.packing import packed_linear  # noqa: E402
 from handformer.pretrained import load_lm  # noqa: E402
 from handformer.pretrained.lm import is_causal_source  # noqa: E402
 
@@ -65,6 +66,15 @@ def test_tiny_llama_gguf_equals_its_folder(tmp_path: Path) -> None:
     from_folder, _ = load_lm(tmp_path / "hf", tokenizer=False)
     torch.testing.assert_close(_logits(from_gguf), _logits(from_folder), atol=1e-6, rtol=0)
     assert is_causal_source(path)
+    for ours, theirs in zip(from_gguf.layers, from_folder.layers, strict=True):
+        # dequantized straight into q/k/v and gate/up packed back to back, Q/K rows unpermuted
+        for group in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")):
+            owner = "self_attn" if len(group) == 3 else "ff"
+            mods = [getattr(getattr(ours, owner), n) for n in group]
+            packed = packed_linear(*mods)
+            assert packed is not None, group
+            expected = torch.cat([getattr(getattr(theirs, owner), n).weight for n in group])
+            torch.testing.assert_close(packed[0], expected, atol=1e-7, rtol=0)
 
 
 def test_tiny_gemma3_gguf_equals_its_folder(tmp_path: Path) -> None:

@@ -322,9 +322,16 @@ def build_causal_lm(hf_config: Mapping[str, object], state: Mapping[str, Tensor]
     aliases = {name: group[0] for group in _alias_groups(holder) for name in group}
     slots = _packed_slots(model, dtype, where)
     values: dict[str, Tensor] = {}
+    read_into = getattr(state, "read_into", None)  # a state that can fill a slot itself
     for file_key, target, _ in plan:
+        targets = _targets(canonical[aliases[target]])
+        slot = slots.get(targets[0][0]) if len(targets) == 1 and targets[0][1] is None else None
+        if read_into is not None and slot is not None and slot.device.type == "cpu" \
+                and header[file_key]["dtype"] == DTYPE_NAMES.get(dtype):
+            values[targets[0][0]] = read_into(file_key, slot)  # no temporary copy
+            continue
         tensor = state[file_key]
-        for our_key, transform in _targets(canonical[aliases[target]]):
+        for our_key, transform in targets:
             value = tensor if transform is None else transform(tensor)  # type: ignore[operator]
             value = value.to(device=where, dtype=dtype)
             values[our_key] = (slots[our_key].copy_(value) if our_key in slots
@@ -571,20 +578,11 @@ def folder_tokenizer(folder: Path, data: Mapping[str, object]) -> object | None:
     return TextTokenizer.from_dir(folder, eos_token_id=_eos_token_id(folder, data))
 
 
-class _HandedOver(dict):
-    """Dequantized tensors that leave the dict as the loader reads them: a projection copied
-    into its packed tensor is then freed at once (peak: about one copy of the model)."""
-
-    def __getitem__(self, key: str) -> Tensor:
-        return self.pop(key)
-
-
 def _load_gguf(path: Path, *, dtype: torch.dtype, device: object, attention: object,
                tokenizer: bool) -> tuple[CausalLM, object | None]:
     """A ``.gguf`` file through :mod:`handformer.pretrained.gguf`."""
     file = _sibling("gguf.reader").read_gguf(path)
-    hf_config, state = _sibling("gguf.convert").gguf_to_hf(file, dtype=dtype)
-    state = _HandedOver(state)  # (the only reference to the tensors now)
+    hf_config, state = _sibling("gguf.convert").gguf_state(file, dtype=dtype)  # lazy
     model = build_causal_lm(hf_config, state, source=str(path), dtype=dtype, device=device,
                             attention=attention)
     del state

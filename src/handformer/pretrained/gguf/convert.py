@@ -30,7 +30,7 @@ or mis-shaped tensor is a one-line :class:`CheckpointError` in the file's names.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +39,7 @@ from gguf.constants import GGUFValueType
 
 from handformer.pretrained.gguf.dequant import dequantize_tensor
 from handformer.pretrained.gguf.reader import GGUFFile, TensorInfo, read_gguf
+from handformer.weights import DTYPES
 
 __all__ = ["gguf_to_hf", "hf_config", "SUPPORTED_ARCHITECTURES", "llama_row_order"]
 
@@ -429,29 +430,81 @@ def gguf_to_hf(file: GGUFFile | str | os.PathLike, *, dtype: torch.dtype = torch
             config (named in the file's names).
         TypeError: for a non-floating ``dtype``.
     """
+    config, state = gguf_state(file, dtype=dtype)
+    return config, {name: state[name] for name in state}
+
+
+def gguf_state(file: GGUFFile | str | os.PathLike, *, dtype: torch.dtype = torch.float32
+               ) -> tuple[dict[str, object], GGUFState]:
+    """As :func:`gguf_to_hf`, with the tensors dequantized one at a time, when asked for.
+
+    A loader that installs each tensor before asking for the next holds one model's worth
+    of memory at the peak (:func:`handformer.pretrained.load_lm` reads files so).
+
+    Returns:
+        ``(config, state)``: ``state`` a :class:`GGUFState`.
+
+    Raises:
+        As :func:`gguf_to_hf`; all of them before any tensor is dequantized.
+    """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     f = file if isinstance(file, GGUFFile) else read_gguf(file)
     config = hf_config(f)
     targets = _targets(f, config)
     _check_tensors(f, targets)
-    arch = f.architecture
-    heads, kv = (config.get("num_attention_heads"), config.get("num_key_value_heads"))
-    orders: dict[str, torch.Tensor] = {}
-    if arch == "llama":
-        orders = {"permute_q": llama_row_order(heads, config["head_dim"]),
-                  "permute_k": llama_row_order(kv, config["head_dim"])}
-    fixes: dict[str, Callable[[TensorInfo], torch.Tensor]] = {
-        "": lambda info: dequantize_tensor(f, info, dtype=dtype),
-        "permute_q": lambda info: _permuted(f, info, orders["permute_q"], dtype),
-        "permute_k": lambda info: _permuted(f, info, orders["permute_k"], dtype),
-        "norm_minus_one": lambda info: dequantize_tensor(f, info, dtype=dtype, offset=-1.0),
-        "transpose": lambda info: dequantize_tensor(f, info, dtype=dtype).t(),
-    }
-    state = {}
-    for name, target in targets.items():
-        state[target.hf_name] = fixes[target.fixup](f.tensors[name])
-    return config, state
+    return config, GGUFState(f, config, targets, dtype)
+
+
+class GGUFState(Mapping):
+    """A GGUF file's tensors under Hugging Face's names, dequantized (fix-ups undone) on
+    access: ``state[name]`` is a fresh tensor each time.
+
+    Attributes:
+        header: ``{hf_name: {"dtype", "shape"}}`` as a safetensors header, read from the
+            file's tensor infos without dequantizing anything.
+    """
+
+    def __init__(self, f: GGUFFile, config: dict[str, object], targets: dict[str, _Target],
+                 dtype: torch.dtype) -> None:
+        self._file, self._dtype = f, dtype
+        self._where = {t.hf_name: (name, t.fixup) for name, t in targets.items()}
+        dtype_name = {v: k for k, v in DTYPES.items()}.get(dtype, str(dtype))
+        self.header = {t.hf_name: {"dtype": dtype_name,
+                                   "shape": list(t.shape[::-1] if t.fixup == "transpose"
+                                                 else t.shape)}
+                       for t in targets.values()}
+        self._orders: dict[str, torch.Tensor] = {}
+        if f.architecture == "llama":
+            heads, kv = config.get("num_attention_heads"), config.get("num_key_value_heads")
+            self._orders = {"permute_q": llama_row_order(heads, config["head_dim"]),
+                            "permute_k": llama_row_order(kv, config["head_dim"])}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.read_into(name, None)
+
+    def read_into(self, name: str, out: torch.Tensor | None) -> torch.Tensor:
+        """``state[name]`` written into ``out`` (a CPU tensor of its shape and dtype) when
+        given, without a second copy where the fix-up allows (all but GPT-2's transposes).
+
+        Raises:
+            KeyError: for a name the file does not hold.
+            ValueError: for an ``out`` of the wrong shape, dtype or device.
+        """
+        gguf_name, fixup = self._where[name]
+        f, info, dtype = self._file, self._file.tensors[gguf_name], self._dtype
+        if fixup == "transpose" or (fixup in self._orders and len(info.shape) != 2):
+            tensor = (dequantize_tensor(f, info, dtype=dtype).t() if fixup == "transpose"
+                      else _permuted(f, info, self._orders[fixup], dtype))  # (in, out); bias
+            return tensor if out is None else out.copy_(tensor)
+        return dequantize_tensor(f, info, dtype=dtype, row_order=self._orders.get(fixup),
+                                 offset=-1.0 if fixup == "norm_minus_one" else 0.0, out=out)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.header)
+
+    def __len__(self) -> int:
+        return len(self.header)
 
 
 def _permuted(f: GGUFFile, info: TensorInfo, order: torch.Tensor, dtype: torch.dtype

@@ -37,8 +37,8 @@ def supported_types() -> frozenset[GGMLQuantizationType]:
 
 
 def dequantize_tensor(file: GGUFFile, info: TensorInfo, *, dtype: torch.dtype = torch.float32,
-                      row_order: torch.Tensor | None = None, offset: float = 0.0
-                      ) -> torch.Tensor:
+                      row_order: torch.Tensor | None = None, offset: float = 0.0,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
     """Dequantize one tensor of a GGUF file.
 
     Args:
@@ -50,16 +50,19 @@ def dequantize_tensor(file: GGUFFile, info: TensorInfo, *, dtype: torch.dtype = 
             permutation of rows is undone without a second copy).
         offset: added to every value in float32 before rounding to ``dtype`` (``-1.0`` undoes
             llama.cpp's ``w + 1`` Gemma norms).
+        out: optional contiguous CPU tensor of shape ``info.shape`` and dtype ``dtype`` to
+            write into instead of new memory (a loader's preallocated parameter).
 
     Returns:
-        A tensor of shape ``info.shape`` and dtype ``dtype``.
+        A tensor of shape ``info.shape`` and dtype ``dtype`` (``out`` when given).
 
     Raises:
         CheckpointError: for a ggml type ``gguf.quants`` cannot dequantize, values that
             dequantize to NaN or infinity (a damaged scale), or a file that changed size since
             it was read.
         TypeError: for a non-floating ``dtype``.
-        ValueError: for a ``row_order`` of the wrong length.
+        ValueError: for a ``row_order`` of the wrong length or an ``out`` of the wrong
+            shape, dtype or layout.
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
@@ -78,7 +81,15 @@ def dequantize_tensor(file: GGUFFile, info: TensorInfo, *, dtype: torch.dtype = 
                          f"({file.size} -> {current} bytes)")
     block, type_size = GGML_QUANT_SIZES[info.ggml_type]
     row_bytes = cols // block * type_size
-    out = torch.empty(rows, cols, dtype=dtype)  # (rows, cols): every dim but the last is a row
+    if out is None:
+        out = torch.empty(rows, cols, dtype=dtype)  # (rows, cols): all dims but the last: rows
+    elif (tuple(out.shape) != tuple(info.shape) or out.dtype != dtype
+          or out.device.type != "cpu" or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous CPU tensor of shape {tuple(info.shape)} and "
+                         f"dtype {dtype} for tensor {info.name!r}, got {tuple(out.shape)} "
+                         f"{out.dtype} on {out.device}")
+    else:
+        out = out.view(rows, cols)  # (rows, cols), the same memory
     # numpy writes straight into float32/16/64 outputs (one thread: the copies are memory-bound
     # and torch's thread pool only adds waiting on a busy machine); bfloat16 goes through torch.
     out_np = None if dtype == torch.bfloat16 else out.numpy()
