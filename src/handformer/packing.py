@@ -59,18 +59,13 @@ def pack_linears(*linears: nn.Linear) -> None:
     """
     if not packable(*linears):
         return
-    for name in ("weight", "bias"):
-        parts = [getattr(m, name) for m in linears]
-        if parts[0] is None:  # no biases
-            continue
+    first = linears[0].weight
+    owners = {id(getattr(m, name)): (m, name) for m in linears for name in ("weight", "bias")}
+    for param, view in empty_packed(*linears, dtype=first.dtype, device=first.device):
         with torch.no_grad():
-            packed = torch.cat([p.detach() for p in parts])  # (sum of out, ...) one tensor
-        start = 0
-        for module, part in zip(linears, parts, strict=True):
-            rows = part.shape[0]
-            view = packed[start:start + rows]  # (out_i, ...): this module's rows
-            setattr(module, name, nn.Parameter(view, requires_grad=part.requires_grad))
-            start += rows
+            view.copy_(param)
+        module, name = owners[id(param)]
+        setattr(module, name, nn.Parameter(view, requires_grad=param.requires_grad))
 
 
 def empty_packed(*linears: nn.Linear, dtype: torch.dtype, device: torch.device | str

@@ -50,6 +50,8 @@ DTYPES: dict[str, torch.dtype] = {
     "U8": torch.uint8, "BOOL": torch.bool,
 }
 
+DTYPE_NAMES: dict[torch.dtype, str] = {dtype: name for name, dtype in DTYPES.items()}
+
 KeyMap = Callable[[str], object] | Mapping[str, object]
 FileKeys = Callable[[str], str] | Mapping[str, str]
 

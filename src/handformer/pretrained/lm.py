@@ -41,7 +41,7 @@ from handformer.pretrained.families import HANDFORMER_TYPE, Family, family_for
 from handformer.pretrained.folders import CONFIG_NAME, WEIGHTS_NAME, read_config_json
 from handformer.pretrained.text_tokenizer import TextTokenizer, missing_tokenizer_note
 from handformer.weights import (
-    DTYPES,
+    DTYPE_NAMES,
     CheckpointError,
     _plan,
     _read_tensors,
@@ -56,7 +56,6 @@ __all__ = ["load_lm", "build_causal_lm", "SafetensorsState", "open_weights", "IN
            "swap_attention"]
 
 INDEX_NAME = "model.safetensors.index.json"
-DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
 # ---- reading weights ---------------------------------------------------------------------

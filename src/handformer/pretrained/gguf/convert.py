@@ -39,7 +39,7 @@ from gguf.constants import GGUFValueType
 
 from handformer.pretrained.gguf.dequant import dequantize_tensor
 from handformer.pretrained.gguf.reader import GGUFFile, TensorInfo, read_gguf
-from handformer.weights import DTYPES
+from handformer.weights import DTYPE_NAMES
 
 __all__ = ["gguf_to_hf", "hf_config", "SUPPORTED_ARCHITECTURES", "llama_row_order"]
 
@@ -469,7 +469,7 @@ class GGUFState(Mapping):
                  dtype: torch.dtype) -> None:
         self._file, self._dtype = f, dtype
         self._where = {t.hf_name: (name, t.fixup) for name, t in targets.items()}
-        dtype_name = {v: k for k, v in DTYPES.items()}.get(dtype, str(dtype))
+        dtype_name = DTYPE_NAMES.get(dtype, str(dtype))
         self.header = {t.hf_name: {"dtype": dtype_name,
                                    "shape": list(t.shape[::-1] if t.fixup == "transpose"
                                                  else t.shape)}
