@@ -59,10 +59,18 @@ def test_chat_turn_with_smollm2_streams_and_stops(driver, server, capsys):
     wait_for(driver, "return Number(document.body.dataset.svGenerated || 0) >= 3", True,
              timeout=120)
     reply = driver.find_element(By.CSS_SELECTOR, "#sv-chat .sv-msg.assistant .body")
-    first = reply.text
-    wait_for(driver, "return Number(document.body.dataset.svGenerated || 0) >= 8", True,
-             timeout=120)
-    assert len(reply.text) > len(first) > 0  # it streams
+    # Read the reply and the count together, then wait for both to grow: a fixed token count
+    # races with the model, which may already be past it when the first read comes back.
+    first, count = js(driver, """const body = document.querySelector(
+        '#sv-chat .sv-msg.assistant .body');
+        return [body.textContent, Number(document.body.dataset.svGenerated || 0)];""")
+    assert len(first) > 0 and count >= 3
+    wait_for(driver, f"""return document.querySelector('#sv-chat .sv-msg.assistant .body')
+        .textContent.length > {len(first)}
+        && Number(document.body.dataset.svGenerated || 0) > {count}""", True, timeout=120)
+    now = js(driver, "return document.querySelector('#sv-chat .sv-msg.assistant .body')"
+                     ".textContent")
+    assert now.startswith(first) and len(now) > len(first)  # it streams, appending
     driver.find_element(By.ID, "sv-stop").click()
     wait_for(driver, "return document.body.dataset.svStopped", "1", timeout=60)
     assert int(js(driver, "return document.body.dataset.svGenerated")) < 300
