@@ -8,8 +8,10 @@ tensor, each module's ``weight`` a view of its rows::
     packed = [W_q; W_k; W_v]        # (H*D + 2*H_kv*D, E), one allocation
     q_proj.weight = packed[:H*D]    # a view: same memory, an ordinary Parameter
 
-Then one matrix product, ``h @ packed.T``, computes ``q``, ``k`` and ``v`` together: the same
-numbers (each output feature is the same dot product), one call instead of three. That
+Then one matrix product, ``h @ packed.T``, computes ``q``, ``k`` and ``v`` together, one call
+instead of three. Each output feature is the same dot product; the BLAS may sum it in another
+order for another matrix shape (MKL does for tiny matrices on some CPUs), so the results agree
+to float rounding, and are bit-equal at the shapes of real models that we measured. That
 matters in a decoding step, where a batch-1 step of a small model spends a good part of its
 time on calls rather than arithmetic (see :mod:`handformer.models.plain_step`).
 
