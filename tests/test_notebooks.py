@@ -200,22 +200,16 @@ class Run:
 RUNS = 2  # executions of each notebook in the same folder
 
 
-@pytest.fixture(scope="module", params=LANGS)
-def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Run:
-    """Execute one committed notebook top to bottom twice in one folder, once per session."""
-    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+def execute(lang: str, work: Path) -> Run:
+    """Execute one committed notebook top to bottom twice in ``work``, a new kernel each time
+    (on one torch thread: the two languages run side by side, one per core)."""
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
-    try:  # "python3" is ipykernel on the running interpreter when ipykernel is installed
-        KernelSpecManager().get_kernel_spec("python3")
-    except NoSuchKernel:
-        pytest.fail("no python3 Jupyter kernel: install ipykernel (handformer[notebooks])")
-    lang = request.param
-    work = tmp_path_factory.mktemp(f"notebook_{lang}")
     env = dict(os.environ)
     env.pop("MPLBACKEND", None)  # ipykernel's default: inline figures
     env["CUDA_VISIBLE_DEVICES"] = ""  # on CPU
+    env["OMP_NUM_THREADS"] = "1"
     env["IPYTHONDIR"] = str(work / ".ipython")  # no user profile or startup files
     package_root = str(Path(handformer.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
@@ -232,6 +226,31 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
             break
         completed += 1
     return Run(lang, notebook, error, completed)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+    """Both notebooks executed once per session, side by side (each in its own folder and
+    kernels; nbclient gives each thread its own event loop): the test session waits for the
+    slower one instead of the sum of the two."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:  # "python3" is ipykernel on the running interpreter when ipykernel is installed
+        KernelSpecManager().get_kernel_spec("python3")
+    except NoSuchKernel:
+        pytest.fail("no python3 Jupyter kernel: install ipykernel (handformer[notebooks])")
+    folders = {lang: tmp_path_factory.mktemp(f"notebook_{lang}") for lang in LANGS}
+    with ThreadPoolExecutor(max_workers=len(LANGS)) as pool:
+        futures = {lang: pool.submit(execute, lang, folders[lang]) for lang in LANGS}
+        return {lang: future.result() for lang, future in futures.items()}
+
+
+@pytest.fixture(params=LANGS)
+def run(request: pytest.FixtureRequest, runs: dict[str, Run]) -> Run:
+    """One language's executed notebook (see ``runs``)."""
+    return runs[request.param]
 
 
 def ran(run: Run) -> list[nbformat.NotebookNode]:
