@@ -1,5 +1,6 @@
 """Projection weights stored back to back (handformer.packing): same values, same modules,
-one product (equal to the modules' products up to float rounding); and the layout is found out, never assumed."""
+one product (equal to the modules' products up to float rounding); and the layout is found
+out, never assumed."""
 
 from __future__ import annotations
 
