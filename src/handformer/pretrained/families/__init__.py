@@ -9,7 +9,12 @@ Each family module holds:
   the family's canonical spelling (``model.layers.0.self_attn.q_proj.weight``), mapped to
   :class:`~handformer.CausalLM`'s state-dict key (a value may be a list of ``(key,
   transform)`` pairs where the layouts differ, as GPT-2's fused ``c_attn``);
-* ``LAYOUT``: the prefixes a file may spell those keys with, and keys skipped on purpose.
+* ``LAYOUT``: the prefixes a file may spell those keys with, and keys skipped on purpose;
+* ``GGUF``: the family's llama.cpp files -- their ``general.architecture`` values and the
+  fix-ups llama.cpp's converter made (:class:`.common.GGUFRules`). Which tensors a GGUF file
+  holds follows from ``config_from_hf``, as for a folder.
+
+The documentation page "Adding a family" (``docs/adding-a-family.md``) walks through writing one.
 
 :func:`family_for` finds the family of a ``model_type``; the shared strict loader is
 :func:`handformer.pretrained.lm.build_causal_lm`.
@@ -22,10 +27,10 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from handformer.pretrained.families import gemma, gpt2, llama, qwen
-from handformer.pretrained.families.common import ConfigFieldError, Layout
+from handformer.pretrained.families.common import ConfigFieldError, GGUFRules, Layout
 
-__all__ = ["Family", "FAMILIES", "family_for", "supported_model_types", "ConfigFieldError",
-           "HANDFORMER_TYPE"]
+__all__ = ["Family", "FAMILIES", "GGUF_FAMILIES", "family_for", "gguf_family_for",
+           "supported_model_types", "ConfigFieldError", "GGUFRules", "HANDFORMER_TYPE"]
 
 HANDFORMER_TYPE = "handformer-causal-lm"  # a handformer train run / CausalLM.save_pretrained
 
@@ -42,6 +47,7 @@ class Family:
         layout: the file spellings of those keys (:class:`.common.Layout`).
         file_shapes: config -> ``{canonical hf key: shape}`` where key map transforms change
             shapes (GPT-2); None where every key keeps the model's shape.
+        gguf: its GGUF architectures and llama.cpp's fix-ups (:class:`.common.GGUFRules`).
     """
 
     name: str
@@ -50,18 +56,26 @@ class Family:
     key_map: Callable[[object], dict]
     layout: Layout
     file_shapes: Callable[[object], dict] | None = None
+    gguf: GGUFRules | None = None
 
 
 def _family(module: ModuleType) -> Family:
     return Family(module.__name__.rsplit(".", 1)[-1], module.MODEL_TYPES,
                   module.config_from_hf, module.key_map, module.LAYOUT,
-                  getattr(module, "file_shapes", None))
+                  getattr(module, "file_shapes", None), getattr(module, "GGUF", None))
 
 
 FAMILIES: dict[str, Family] = {
     model_type: family
     for family in map(_family, (gpt2, llama, qwen, gemma))
     for model_type in family.model_types
+}
+
+# GGUF general.architecture -> its family
+GGUF_FAMILIES: dict[str, Family] = {
+    arch: family
+    for family in dict.fromkeys(FAMILIES.values()) if family.gguf is not None
+    for arch in family.gguf.architectures
 }
 
 
@@ -81,4 +95,18 @@ def family_for(model_type: object) -> Family:
     if family is None:
         raise ValueError(f"model_type {model_type!r} is not a causal LM handformer reads; "
                          f"supported: {', '.join(supported_model_types())}")
+    return family
+
+
+def gguf_family_for(architecture: str) -> Family:
+    """The family of a GGUF file's ``general.architecture``.
+
+    Raises:
+        ValueError: for an architecture no family reads (the message names the supported
+            ones).
+    """
+    family = GGUF_FAMILIES.get(architecture)
+    if family is None:
+        raise ValueError(f"GGUF architecture {architecture!r} is not supported; supported "
+                         f"architectures: {', '.join(sorted(GGUF_FAMILIES))}")
     return family

@@ -27,8 +27,8 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["ConfigFieldError", "Fields", "Layout", "activation", "rope_for", "layer_types",
-           "window_size", "ACTIVATIONS", "ROPE_TYPES", "LAYER_TYPES"]
+__all__ = ["ConfigFieldError", "Fields", "Layout", "GGUFRules", "activation", "rope_for",
+           "layer_types", "window_size", "ACTIVATIONS", "ROPE_TYPES", "LAYER_TYPES"]
 
 # Hugging Face activation names -> handformer's (the gated MLP's ``act(gate) * up``)
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh",
@@ -306,6 +306,26 @@ class Layout:
             return key
 
         return rename
+
+
+@dataclass(frozen=True)
+class GGUFRules:
+    """A family's GGUF files (llama.cpp): the ``general.architecture`` values it reads and what
+    llama.cpp's converter changed in them, which :mod:`handformer.pretrained.gguf.convert`
+    undoes. Which tensors a file holds (biases, QK-norm, sandwich norms) is not repeated here:
+    the converter asks the family's ``config_from_hf`` for the file's config.
+
+    Attributes:
+        architectures: the GGUF ``general.architecture`` values of the family's files.
+        permuted_qk: llama.cpp reordered the rows of ``q_proj`` and ``k_proj`` (weights and
+            biases) within each head, from rotating halves to rotating interleaved pairs.
+        norms_plus_one: llama.cpp stores each RMSNorm weight as ``w + 1`` (for a family whose
+            norm multiplies by ``1 + w``).
+    """
+
+    architectures: tuple[str, ...]
+    permuted_qk: bool = False
+    norms_plus_one: bool = False
 
 
 # ---- the shared decoder: config and key map ----------------------------------------------

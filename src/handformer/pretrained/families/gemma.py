@@ -39,6 +39,7 @@ from handformer.pretrained.families.common import (
     SANDWICH_NORMS,
     ConfigFieldError,
     Fields,
+    GGUFRules,
     Layout,
     activation,
     decoder_config,
@@ -48,7 +49,7 @@ from handformer.pretrained.families.common import (
     window_size,
 )
 
-__all__ = ["MODEL_TYPES", "LAYOUT", "DEFAULTS", "config_from_hf", "key_map", "text_config"]
+__all__ = ["MODEL_TYPES", "LAYOUT", "GGUF", "DEFAULTS", "config_from_hf", "key_map", "text_config"]
 
 MODEL_TYPES = ("gemma2", "gemma3_text", "gemma3")
 LAYOUT = Layout(
@@ -59,6 +60,8 @@ LAYOUT = Layout(
     skip=("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.",
           "multi_modal_projector."),
 )
+# llama.cpp's RMSNorm multiplies by the stored weight, so its converter stored Gemma's w + 1.
+GGUF = GGUFRules(architectures=("gemma2", "gemma3"), norms_plus_one=True)
 
 _COMMON = {"hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6,
            "tie_word_embeddings": True, "hidden_size": 2304, "intermediate_size": 9216,

@@ -12,14 +12,16 @@ from collections.abc import Callable
 
 from torch import Tensor
 
-from handformer.pretrained.families.common import Layout
+from handformer.pretrained.families.common import GGUFRules, Layout
 
-__all__ = ["MODEL_TYPES", "LAYOUT", "ACTIVATIONS", "gpt2_config", "config_from_hf", "key_map",
-           "file_shapes"]
+__all__ = ["MODEL_TYPES", "LAYOUT", "GGUF", "ACTIVATIONS", "gpt2_config", "config_from_hf",
+           "key_map", "file_shapes"]
 
 MODEL_TYPES = ("gpt2",)
 LAYOUT = Layout(body="transformer.", bodies=("transformer.", ""), anchor="wte.weight",
                 skip_suffixes=(".attn.bias", ".attn.masked_bias"))
+# GGUF stores the Conv1D weights as (out, in) matrices: gguf.convert's GPT-2 table transposes.
+GGUF = GGUFRules(architectures=("gpt2",))
 
 Transform = Callable[[Tensor], Tensor]
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",

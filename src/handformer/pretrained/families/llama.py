@@ -25,6 +25,7 @@ from __future__ import annotations
 from handformer.pretrained.families.common import (
     LLAMA_NORMS,
     Fields,
+    GGUFRules,
     Layout,
     activation,
     decoder_config,
@@ -34,10 +35,13 @@ from handformer.pretrained.families.common import (
     window_size,
 )
 
-__all__ = ["MODEL_TYPES", "LAYOUT", "DEFAULTS", "config_from_hf", "key_map"]
+__all__ = ["MODEL_TYPES", "LAYOUT", "GGUF", "DEFAULTS", "config_from_hf", "key_map"]
 
 MODEL_TYPES = ("llama", "mistral")
 LAYOUT = Layout(body="model.", bodies=("model.", ""), anchor="embed_tokens.weight")
+# llama.cpp files say ``llama`` for Mistral too; its converter rotates interleaved pairs where
+# Hugging Face's Llama rotates halves, so it reordered the q/k rows of every head.
+GGUF = GGUFRules(architectures=("llama",), permuted_qk=True)
 
 # transformers' class defaults, for files that leave fields out
 _COMMON = {"hidden_act": "silu", "rms_norm_eps": 1e-6, "tie_word_embeddings": False,

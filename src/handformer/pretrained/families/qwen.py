@@ -17,6 +17,7 @@ from __future__ import annotations
 from handformer.pretrained.families.common import (
     LLAMA_NORMS,
     Fields,
+    GGUFRules,
     Layout,
     activation,
     decoder_config,
@@ -26,10 +27,11 @@ from handformer.pretrained.families.common import (
     window_size,
 )
 
-__all__ = ["MODEL_TYPES", "LAYOUT", "DEFAULTS", "config_from_hf", "key_map"]
+__all__ = ["MODEL_TYPES", "LAYOUT", "GGUF", "DEFAULTS", "config_from_hf", "key_map"]
 
 MODEL_TYPES = ("qwen2", "qwen3")
 LAYOUT = Layout(body="model.", bodies=("model.", ""), anchor="embed_tokens.weight")
+GGUF = GGUFRules(architectures=("qwen2", "qwen3"))  # rotating halves, as Hugging Face: no fix-up
 
 _COMMON = {"hidden_act": "silu", "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
            "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016,

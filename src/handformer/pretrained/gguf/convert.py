@@ -3,7 +3,10 @@
 llama.cpp's converter renames every tensor (``model.layers.0.self_attn.q_proj.weight`` ->
 ``blk.0.attn_q.weight``), moves the config into metadata keys (``llama.block_count``, ...) and
 changes a few tensors on the way. This module undoes all of it, so a GGUF file loads through
-the same family key maps as a Hugging Face folder:
+the same family key maps as a Hugging Face folder. Which architectures a family reads and
+which of the fix-ups below its files need is declared once, in the family module's ``GGUF``
+rules (:mod:`handformer.pretrained.families`); which tensors a file holds follows from the
+family's own reading of the config:
 
 - **Q/K row permutation** (architecture ``llama`` only: SmolLM, Llama, Mistral files).
   llama.cpp rotates interleaved pairs ``(x0, x1), (x2, x3), ...`` while Hugging Face's Llama
@@ -37,13 +40,14 @@ import numpy as np
 import torch
 from gguf.constants import GGUFValueType
 
+from handformer.pretrained.families import GGUF_FAMILIES, gguf_family_for
 from handformer.pretrained.gguf.dequant import dequantize_tensor
 from handformer.pretrained.gguf.reader import GGUFFile, TensorInfo, read_gguf
 from handformer.weights import DTYPE_NAMES
 
 __all__ = ["gguf_to_hf", "hf_config", "SUPPORTED_ARCHITECTURES", "llama_row_order"]
 
-SUPPORTED_ARCHITECTURES = ("gemma2", "gemma3", "gpt2", "llama", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = tuple(sorted(GGUF_FAMILIES))  # each family module's GGUF rules
 GEMMA3_LOCAL_ROPE_BASE = 10_000.0
 GEMMA3_SLIDING_PATTERN = 6  # five sliding-window layers, then one global layer
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}  # llama.cpp scales queries by E / H there
@@ -294,17 +298,15 @@ def _targets(f: GGUFFile, config: dict[str, object]) -> dict[str, _Target]:
     E, V, F = config["hidden_size"], config["vocab_size"], config["intermediate_size"]
     H, K, D = (config["num_attention_heads"], config["num_key_value_heads"],
                config["head_dim"])
-    gemma = arch.startswith("gemma")
-    norm = "norm_minus_one" if gemma else ""
+    family = gguf_family_for(arch)  # the family module says what llama.cpp changed...
+    model = _family_config(f, family, config)  # ...and which tensors the config implies
+    norm = "norm_minus_one" if family.gguf.norms_plus_one else ""
     t = {"token_embd.weight": _Target("model.embed_tokens.weight", (V, E)),
          "output_norm.weight": _Target("model.norm.weight", (E,), norm)}
     if not config["tie_word_embeddings"]:
         t["output.weight"] = _Target("lm_head.weight", (V, E))
-    attn_bias = arch == "qwen2" or bool(config.get("attention_bias"))
-    out_bias = attn_bias and arch == "llama"
-    mlp_bias = bool(config.get("mlp_bias"))
-    qk_norm = arch in ("qwen3", "gemma3")
-    permute = arch == "llama"
+    attn_bias, out_bias, mlp_bias = model.qkv_bias, model.out_bias, model.mlp_bias
+    qk_norm, sandwich, permute = model.qk_norm, model.sandwich_norm, family.gguf.permuted_qk
     for i in range(config["num_hidden_layers"]):
         g, h = f"blk.{i}.", f"model.layers.{i}."
         a, m = h + "self_attn.", h + "mlp."
@@ -318,7 +320,7 @@ def _targets(f: GGUFFile, config: dict[str, object]) -> dict[str, _Target]:
             "ffn_down.weight": _Target(m + "down_proj.weight", (E, F)),
             "attn_norm.weight": _Target(h + "input_layernorm.weight", (E,), norm),
         }
-        if gemma:
+        if sandwich:
             layer.update({
                 "post_attention_norm.weight": _Target(h + "post_attention_layernorm.weight",
                                                       (E,), norm),
@@ -326,7 +328,8 @@ def _targets(f: GGUFFile, config: dict[str, object]) -> dict[str, _Target]:
                 "post_ffw_norm.weight": _Target(h + "post_feedforward_layernorm.weight", (E,),
                                                 norm)})
         else:
-            layer["ffn_norm.weight"] = _Target(h + "post_attention_layernorm.weight", (E,))
+            layer["ffn_norm.weight"] = _Target(h + "post_attention_layernorm.weight", (E,),
+                                               norm)
         if attn_bias:
             layer["attn_q.bias"] = _Target(a + "q_proj.bias", (H * D,), "permute_q" * permute)
             layer["attn_k.bias"] = _Target(a + "k_proj.bias", (K * D,), "permute_k" * permute)
@@ -344,6 +347,15 @@ def _targets(f: GGUFFile, config: dict[str, object]) -> dict[str, _Target]:
     if permute and D % 2:
         raise f.error(f"{arch}.attention.key_length", f"head dim {D} must be even for RoPE")
     return t
+
+
+def _family_config(f: GGUFFile, family: object, config: dict[str, object]) -> object:
+    """The family's :class:`~handformer.CausalLMConfig` of the config the metadata stands for
+    (its refusals as the file's)."""
+    try:
+        return family.config_from_hf(config)  # type: ignore[attr-defined]
+    except ValueError as e:
+        raise f.error("general.architecture", f"{f.architecture}: {e}") from None
 
 
 def _gpt2_targets(config: dict[str, object]) -> dict[str, _Target]:
@@ -475,7 +487,7 @@ class GGUFState(Mapping):
                                                  else t.shape)}
                        for t in targets.values()}
         self._orders: dict[str, torch.Tensor] = {}
-        if f.architecture == "llama":
+        if any(t.fixup == "permute_q" for t in targets.values()):
             heads, kv = config.get("num_attention_heads"), config.get("num_key_value_heads")
             self._orders = {"permute_q": llama_row_order(heads, config["head_dim"]),
                             "permute_k": llama_row_order(kv, config["head_dim"])}
