@@ -49,6 +49,36 @@ __all__ = ["DecoderLayer"]
 class DecoderLayer(nn.Module):
     """Causal self-attention, optional cross-attention, feed-forward; residuals and LayerNorms.
 
+    The block of a decoder-only model (``norm_first=True``, as GPT-2, Llama and Gemma), one
+    residual stream ``x`` of shape ``(B, L, E)`` with two branches added to it; ``[...]`` only
+    with ``sandwich_norm=True`` (Gemma)::
+
+        x ---------------------------.     hook_resid_pre
+        |                            |
+        |                          norm1
+        |                            |
+        |                  self_attn (causal)
+        |                            |
+        |                    [post_attn_norm]
+        |                            |
+        + <----- dropout1 -----------'     hook_attn_out joins here
+        |                                  hook_resid_mid
+        +----------------------------.
+        |                            |
+        |                          norm3
+        |                            |
+        |                     ff (the MLP)
+        |                            |
+        |                    [post_mlp_norm]
+        |                            |
+        + <----- dropout3 -----------'     hook_mlp_out joins here
+        |                                  hook_resid_post
+        v
+
+    With ``cross_attention=True`` a third branch, ``norm2 -> cross_attn(memory)``, joins
+    between the two (``hook_resid_mid_cross``). Post-LN (``norm_first=False``) puts each norm
+    after its sum instead: ``x = norm1(x + dropout1(self_attn(x)))`` (the module docstring).
+
     Args:
         d_model: model dim ``E``.
         num_heads: attention heads.

@@ -99,6 +99,10 @@ class Dropout(nn.Dropout):
 class MultiHeadAttention(nn.Module):
     """Multi-head attention: project, split into heads, attend, merge, project.
 
+    Per head, "attend" is the ten lines of
+    :func:`~handformer.attention.functional.attention_reference`,
+    ``softmax(q kᵀ · scale + mask) v``.
+
     Args:
         d_model: model dim ``E``; must be divisible by ``num_heads`` unless ``head_dim`` is
             given.

@@ -1,6 +1,6 @@
 """Attention functions and kinds (full, local, sinks, strided, linear) sharing one signature."""
 
-from handformer.attention.functional import scaled_dot_product_attention
+from handformer.attention.functional import attention_reference, scaled_dot_product_attention
 from handformer.attention.kinds import AttentionKind, FullAttention
 from handformer.attention.linear import (
     LinearAttention,
@@ -14,6 +14,7 @@ from handformer.attention.sinks import SinkAttention, SinkWindowKVCache, sink_at
 from handformer.attention.sparse import StridedAttention, strided_attention
 
 __all__ = [
+    "attention_reference",
     "scaled_dot_product_attention",
     "AttentionKind",
     "FullAttention",

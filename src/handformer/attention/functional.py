@@ -1,6 +1,12 @@
-"""Scaled dot-product attention: an explicit math path and torch's fused path.
+"""Scaled dot-product attention: the maths first, then an explicit path and torch's fused one.
 
     Attention(Q, K, V) = softmax(Q K^T * scale + bias) V,   scale = 1 / sqrt(D)
+
+Read :func:`attention_reference` first: that formula in ten lines, nothing else.
+:func:`scaled_dot_product_attention` computes the same numbers (tests/test_attention_reference.py
+checks every path against it in float64), with what the ten lines leave out: argument checks,
+torch's fused kernel when no weights are asked for, grouped-query heads, float32 softmax for
+half-precision inputs, and zero gradients for a query row with no allowed key.
 
 Shape letters: ``L_q`` queries, ``L_k`` keys, ``D`` query/key dim, ``D_v`` value dim; any
 leading batch dims ``...`` (e.g. ``(B, H)``).
@@ -32,8 +38,40 @@ from torch import Tensor
 from handformer.checks import check_scale, check_softcap
 from handformer.masks import causal_mask, check_mask
 
-__all__ = ["scaled_dot_product_attention", "check_qkv", "combine_masks", "masked_scores",
-           "masked_softmax", "soft_cap", "repeat_kv", "kv_groups"]
+__all__ = ["attention_reference", "scaled_dot_product_attention", "check_qkv", "combine_masks",
+           "masked_scores", "masked_softmax", "soft_cap", "repeat_kv", "kv_groups"]
+
+
+def attention_reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
+                        scale: float | None = None, softcap: float | None = None
+                        ) -> tuple[Tensor, Tensor]:
+    """The maths of attention, eagerly: ``softmax(q kᵀ · scale + mask) v``, no checks.
+
+    What every other attention function here computes (the Annotated Transformer's
+    ``attention()``, Hugging Face's ``eager_attention_forward``); a reference to read and to
+    test against, not a fast path. Causal attention is a lower-triangular ``mask``.
+
+    Args:
+        q, k, v: queries ``(..., L_q, D)``, keys ``(..., L_k, D)``, values ``(..., L_k, D_v)``.
+        mask: bool (True = may attend) or float (added to the scores), broadcastable to
+            ``(..., L_q, L_k)``; None: every key.
+        scale: the score scale; None: ``1 / sqrt(D)``.
+        softcap: ``softcap * tanh(s / softcap)`` on the scaled scores, before the mask (Gemma 2).
+
+    Returns:
+        ``(out, weights)``: ``(..., L_q, D_v)`` and ``(..., L_q, L_k)``; a query row with no
+        allowed key is zero in both.
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = q @ k.transpose(-2, -1) * scale  # (..., L_q, L_k)
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    if mask is not None and mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask, float("-inf"))  # True = may attend
+    elif mask is not None:
+        scores = scores + mask  # an additive bias
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # an all -inf row: NaN -> 0
+    return weights @ v, weights  # (..., L_q, D_v), (..., L_q, L_k)
 
 
 def soft_cap(scores: Tensor, softcap: float | None) -> Tensor:
