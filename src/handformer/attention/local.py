@@ -63,6 +63,9 @@ def local_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
         scale: score scale (a positive number); None means ``1 / sqrt(D)``.
         need_weights: also return the dense ``(..., L_q, L_k)`` weights (zeros outside the
             window); this costs ``O(L_q * L_k)`` memory.
+        softcap: cap each scaled score to ``softcap * tanh(s / softcap)`` before the mask
+            (Gemma 2's attention-logit soft-cap; None: no cap). The blocks then take the
+            explicit tile path, still ``O(L_q * w)``.
 
     Returns:
         ``(out, weights)``: ``out`` is ``(..., L_q, D_v)`` in the input dtype; rows with no

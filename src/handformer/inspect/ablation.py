@@ -118,7 +118,13 @@ def head_ablation_hooks(model: nn.Module, heads: Iterable[tuple[int, int]], *,
 
 def head_means(model: nn.Module, inputs: Inputs, *, prefix: str = "") -> Tensor:
     """Each head's mean output ``(num_layers, num_heads, head_dim)`` over ``inputs``
-    (over every real token: positions where ``attention_mask`` is 0 are left out)."""
+    (over every real token: positions where ``attention_mask`` is 0 are left out).
+
+    Args:
+        model: a handformer model.
+        inputs: the model's inputs, as :func:`head_ablation_sweep` takes them.
+        prefix: the stack of an encoder-decoder model.
+    """
     N, _ = _shape(model, prefix)
     with torch.no_grad():
         _, cache = run_with_cache(model, inputs, names=f"{prefix}blocks.*.attn.hook_z")
@@ -228,6 +234,8 @@ def head_ablation_sweep(model: nn.Module, inputs: Inputs, metric: Metric, *,
         metric: ``metric(output) -> number`` (e.g. the cosine of two embeddings, a logit
             difference), computed on the output of ``inputs`` alone.
         mode: ``"zero"`` or ``"mean"`` (then ``means`` from :func:`head_means`).
+        means: each head's mean output ``(num_layers, num_heads, head_dim)`` for
+            ``mode="mean"`` (:func:`head_means`).
         heads: only these ``(layer, head)`` pairs (default every head; the others are NaN).
         batch_size: ablations per forward pass.
         progress: a progress bar (default: when the sweep is long and stderr is a terminal).

@@ -53,6 +53,11 @@ KINDS = ("previous_token", "duplicate_token", "induction", "bos")
 def detection_pattern(tokens: Tensor, kind: str) -> Tensor:
     """The 0/1 ``(L, L)`` detection pattern of one sequence ``(L,)`` (float).
 
+    Args:
+        tokens: the token ids ``(L,)`` of one sequence.
+        kind: one of :data:`KINDS` (``"previous_token"``, ``"duplicate_token"``,
+            ``"induction"``, ``"bos"``).
+
     Raises:
         ValueError: for an unknown kind.
     """
@@ -92,6 +97,10 @@ def _target(tokens: Tensor, kind: str | Tensor) -> Tensor:
 def perfect_score(tokens: Tensor, kind: str | Tensor) -> float:
     """The score of a perfect head on one sequence ``(L,)`` (no exclusions): the share of
     queries whose detection-pattern row is not empty (``L_with_target / L``).
+
+    Args:
+        tokens: the token ids ``(L,)`` of one sequence.
+        kind: one of :data:`KINDS`, or a custom ``(L, L)`` pattern.
 
     Raises:
         ValueError: for an unknown kind or a custom pattern of the wrong shape.

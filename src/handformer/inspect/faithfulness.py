@@ -58,6 +58,9 @@ def spearman(x: Sequence[float] | np.ndarray | Tensor,
              y: Sequence[float] | np.ndarray | Tensor) -> float:
     """Spearman's rank correlation: the Pearson correlation of the average ranks.
 
+    Args:
+        x, y: two sequences of numbers of the same length.
+
     Returns:
         A float in ``[-1, 1]``, or NaN when either input is constant (no ranking).
 

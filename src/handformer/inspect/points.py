@@ -90,6 +90,9 @@ def hook_name(model: nn.Module, path: str) -> str:
 def hook_points(model: nn.Module) -> dict[str, HookPoint]:
     """Every hook point of ``model``, by name, in the order the modules were built.
 
+    Args:
+        model: a handformer model.
+
     Raises:
         TypeError: if ``model`` is not a module or has no hook points.
     """
@@ -104,7 +107,10 @@ def hook_points(model: nn.Module) -> dict[str, HookPoint]:
 
 
 def hook_names(model: nn.Module) -> list[str]:
-    """The names of every hook point of ``model`` (see :func:`hook_points`)."""
+    """The names of every hook point of ``model`` (see :func:`hook_points`).
+
+    Args:
+        model: a handformer model."""
     return list(hook_points(model))
 
 
@@ -155,6 +161,10 @@ def unknown_name_message(name: str, valid: Iterable[str]) -> str:
 
 def attention_layers(model: nn.Module, prefix: str = "") -> list[MultiHeadAttention]:
     """The self-attention module of each block ``{prefix}blocks.{i}``, in layer order.
+
+    Args:
+        model: a handformer model.
+        prefix: the stack of an encoder-decoder model (``"encoder."``, ``"decoder."``).
 
     Raises:
         ValueError: if the model has no such blocks.

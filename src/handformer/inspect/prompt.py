@@ -35,17 +35,29 @@ def encode(tokenizer: object, text: str, *, add_special_tokens: bool = True) -> 
 
 
 def to_str_tokens(tokenizer: object, text: str) -> list[str]:
-    """The tokens of ``text`` as strings (one per id of ``tokenizer.encode(text)``)."""
+    """The tokens of ``text`` as strings (one per id of ``tokenizer.encode(text)``).
+
+    Args:
+        tokenizer, text: a handformer tokenizer (:class:`~handformer.pretrained.Tokenizer`)
+            and the text it splits.
+    """
     return list(tokenizer.to_str_tokens(text))  # the tokenizer protocol
 
 
 def to_tokens(tokenizer: object, text: str) -> Tensor:
-    """``(1, L)`` token ids of ``text`` (special tokens as ``tokenizer.encode`` adds them)."""
+    """``(1, L)`` token ids of ``text`` (special tokens as ``tokenizer.encode`` adds them).
+
+    Args:
+        tokenizer, text: a handformer tokenizer and the text it encodes.
+    """
     return tokenizer.to_tokens(text)  # the tokenizer protocol
 
 
 def to_single_token(tokenizer: object, text: str) -> int:
     """The id of a text that is one token (no special tokens added).
+
+    Args:
+        tokenizer, text: a handformer tokenizer and the text, one token of it.
 
     Raises:
         ValueError: when ``text`` is several tokens or none (naming them).

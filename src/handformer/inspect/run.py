@@ -45,6 +45,12 @@ def short_name(short: str, layer: int | None = None, norm: str | None = None) ->
     """``("pattern", 3)`` -> ``"blocks.3.attn.hook_pattern"``; ``"embed"`` -> ``"hook_embed"``;
     ``("scale", 3, "ln1")`` -> ``"blocks.3.ln1.hook_scale"``; ``"scale"`` -> the final norm's.
 
+    Args:
+        short: the short name (TransformerLens': ``"pattern"``, ``"resid_post"``, ...).
+        layer: the block (negative counts from the end only in a cache, which knows the
+            number of layers); None for the names outside the blocks.
+        norm: which norm of the block, for the norms' names (``"ln1"``, ``"ln2"``).
+
     Raises:
         KeyError: for an unknown short name, or a per-layer name without a layer.
     """
@@ -141,6 +147,11 @@ class ActivationCache(Mapping[str, Tensor]):
     :meth:`accumulated_resid`, :meth:`decompose_resid`, :meth:`stack_head_results`,
     :meth:`apply_ln_to_stack`, :meth:`logit_attrs`, :meth:`logit_bias`,
     :meth:`tokens_to_residual_directions`.
+
+    Args:
+        tensors: the kept activations by hook name.
+        all_names: every hook name of the model (a name not kept is refused by name).
+        model: the model that was run (None for a cache built by hand).
 
     Attributes:
         model: the model that was run (None for a cache built by hand).

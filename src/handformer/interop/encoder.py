@@ -33,6 +33,9 @@ def from_torch(module: nn.Module) -> nn.Module:
     :mod:`handformer.interop.decoder` is imported (``import handformer.interop`` does). The
     result is in the same train/eval mode as ``module``.
 
+    Args:
+        module: the ``torch.nn`` module to convert.
+
     Raises:
         TypeError: for unsupported module types.
         ValueError: for options handformer does not implement (e.g. ``add_bias_kv``).
@@ -49,6 +52,9 @@ def from_torch(module: nn.Module) -> nn.Module:
 
 def to_torch(module: nn.Module) -> nn.Module:
     """Convert a handformer module to the equivalent ``torch.nn`` module (batch_first=True).
+
+    Args:
+        module: the handformer module to convert (the types :func:`from_torch` returns).
 
     Raises:
         TypeError: for unsupported module types.

@@ -139,6 +139,13 @@ def evaluate(model: nn.Module, task: Task, config: TrainConfig, info: D.DistInfo
 
     In a distributed run the evaluation batches are split over the ranks and the sums are
     all-reduced, so every rank returns the same numbers.
+
+    Args:
+        model: the model being trained (put back in its train/eval mode afterwards).
+        task: the task whose held-out batches are scored.
+        config: the run's configuration.
+        info: this process's place in a distributed run (rank, world size).
+        batches: the evaluation batches (default: ``task.eval_batches(256)``).
     """
     batches = task.eval_batches(256) if batches is None else batches
     was_training = model.training

@@ -279,6 +279,10 @@ def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
     can draw (e.g. Chinese without a CJK font) give one :class:`MissingGlyphWarning` instead
     of matplotlib's warning per glyph.
 
+    Args:
+        fig: the matplotlib figure.
+        path: where to write it; the extension picks the format.
+
     Raises:
         ValueError: for another extension (nothing is written).
         OSError: if the file cannot be written (the message names it and its folder).

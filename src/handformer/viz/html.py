@@ -143,7 +143,11 @@ def render_html(attentions: object, tokens: Sequence[str], *, title: str | None 
                 key_tokens: Sequence[str] | None = None, note: str | None = None,
                 layer: int = 0, head: int = 0, view: str = "heat",
                 cmap: str = "viridis", rollout: dict[str, object] | None = None) -> str:
-    """Build the viewer page as a string (see :func:`save_html` for the arguments).
+    """Build the viewer page as a string.
+
+    Args:
+        attentions, tokens, title, pattern, pattern_label, key_tokens: as :func:`save_html`.
+        note, layer, head, view, cmap, rollout: as :func:`save_html`.
 
     Returns:
         The complete HTML document.

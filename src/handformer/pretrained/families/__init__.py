@@ -87,6 +87,9 @@ def supported_model_types() -> list[str]:
 def family_for(model_type: object) -> Family:
     """The family of ``model_type``.
 
+    Args:
+        model_type: a ``config.json``'s ``model_type`` value.
+
     Raises:
         ValueError: for a ``model_type`` no family reads (the message names the supported
             ones).
@@ -100,6 +103,9 @@ def family_for(model_type: object) -> Family:
 
 def gguf_family_for(architecture: str) -> Family:
     """The family of a GGUF file's ``general.architecture``.
+
+    Args:
+        architecture: the file's ``general.architecture`` value.
 
     Raises:
         ValueError: for an architecture no family reads (the message names the supported

@@ -178,6 +178,9 @@ def _token_ids(f: GGUFFile, vocab: int) -> dict[str, int]:
 def hf_config(f: GGUFFile) -> dict[str, object]:
     """The Hugging Face ``config.json`` a GGUF file's metadata stands for.
 
+    Args:
+        f: the file, read by :func:`~handformer.pretrained.gguf.read_gguf`.
+
     The dict carries both ``rope_parameters`` (transformers 5) and the older flat keys
     (``rope_theta``, ``rope_scaling``, Gemma 3's ``rope_local_base_freq`` and
     ``sliding_window_pattern``), and ``layer_types`` for the families with sliding windows.
@@ -450,6 +453,9 @@ def gguf_state(file: GGUFFile | str | os.PathLike, *, dtype: torch.dtype = torch
                ) -> tuple[dict[str, object], GGUFState]:
     """As :func:`gguf_to_hf`, with the tensors dequantized one at a time, when asked for.
 
+    Args:
+        file, dtype: as :func:`gguf_to_hf`.
+
     A loader that installs each tensor before asking for the next holds one model's worth
     of memory at the peak (:func:`handformer.pretrained.load_lm` reads files so).
 
@@ -470,7 +476,11 @@ def gguf_state(file: GGUFFile | str | os.PathLike, *, dtype: torch.dtype = torch
 
 class GGUFState(Mapping):
     """A GGUF file's tensors under Hugging Face's names, dequantized (fix-ups undone) on
-    access: ``state[name]`` is a fresh tensor each time.
+    access: ``state[name]`` is a fresh tensor each time. Built by :func:`gguf_state`.
+
+    Args:
+        f, config, targets, dtype: the file, its config, the tensors it holds by GGUF name,
+            and the dtype to dequantize to (as :func:`gguf_state` passes them).
 
     Attributes:
         header: ``{hf_name: {"dtype", "shape"}}`` as a safetensors header, read from the
