@@ -291,6 +291,7 @@ _DAMAGE: dict[str, tuple[str, str, object]] = {  # kind -> (field, struct format
     "offset": ("ti:blk.0.ffn_down.weight:offset", "<Q", 1 << 40),
     "alignment": ("kv:general.alignment:value", "<I", 48),
     "int-tensor": ("ti:output_norm.weight:type", "<I", 26),  # I32: same size as F32
+    "head-dim": ("kv:llama.attention.head_count:value", "<I", 32),  # head dim 32 / 32 = 1
 }
 
 

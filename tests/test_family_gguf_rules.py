@@ -102,6 +102,7 @@ def test_a_family_refusal_is_the_files(llama_file: Path,
 
     monkeypatch.setitem(GGUF_FAMILIES, "llama",
                         dataclasses.replace(family, config_from_hf=config_from_hf))
-    with pytest.raises(CheckpointError, match=r"tiny\.gguf: general\.architecture: llama: "
-                                              r"llama config field hidden_act='relu6'"):
+    with pytest.raises(CheckpointError, match=r"tiny\.gguf: metadata: the llama family refuses "
+                                              r"the config it implies: llama config field "
+                                              r"hidden_act='relu6'"):
         gguf_to_hf(llama_file)

@@ -416,8 +416,9 @@ def decoder_config(f: Fields, *, act: str, qkv_bias: bool, out_bias: bool, mlp_b
             ``local_rope``).
         local_rope: ``(base, scaling)`` of sliding layers where it differs (Gemma 3); they
             run unscaled.
-        qk_norm, norm_offset, sandwich_norm, embed_scale, attn_scale, attn_softcap,
-            final_softcap: the features of the family (see :class:`CausalLMConfig`).
+        qk_norm, norm_offset, sandwich_norm, embed_scale: the features of the family (see
+            :class:`CausalLMConfig`).
+        attn_scale, attn_softcap, final_softcap: the same.
         tie_default: ``tie_word_embeddings`` when the file does not say.
 
     Raises:

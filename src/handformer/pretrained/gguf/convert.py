@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from gguf.constants import GGUFValueType
 
-from handformer.pretrained.families import GGUF_FAMILIES, gguf_family_for
+from handformer.pretrained.families import GGUF_FAMILIES, Family, gguf_family_for
 from handformer.pretrained.gguf.dequant import dequantize_tensor
 from handformer.pretrained.gguf.reader import GGUFFile, TensorInfo, read_gguf
 from handformer.weights import DTYPE_NAMES
@@ -352,13 +352,14 @@ def _targets(f: GGUFFile, config: dict[str, object]) -> dict[str, _Target]:
     return t
 
 
-def _family_config(f: GGUFFile, family: object, config: dict[str, object]) -> object:
+def _family_config(f: GGUFFile, family: Family, config: dict[str, object]) -> object:
     """The family's :class:`~handformer.CausalLMConfig` of the config the metadata stands for
     (its refusals as the file's)."""
     try:
-        return family.config_from_hf(config)  # type: ignore[attr-defined]
+        return family.config_from_hf(config)
     except ValueError as e:
-        raise f.error("general.architecture", f"{f.architecture}: {e}") from None
+        raise f.error("metadata", f"the {family.name} family refuses the config it implies: "
+                                  f"{e}") from None
 
 
 def _gpt2_targets(config: dict[str, object]) -> dict[str, _Target]:
