@@ -5,7 +5,8 @@ Read without building the site (tests/test_docs_site.py builds it):
 * a module under src/handformer whose dotted name has no part starting with ``_`` is on the
   site when a page of docs/api/ renders it (``::: handformer.x.y``, or an object inside it),
   or renders a package whose ``__all__`` re-exports one of its names (``::: handformer.attention``
-  shows ``local_attention`` of ``handformer.attention.local``);
+  shows ``local_attention`` of ``handformer.attention.local``); a package whose ``__all__``
+  holds only names of modules on the site (``handformer`` itself) adds nothing to show;
 * every parameter of a public function or class (the names in ``__all__`` of ``handformer``
   and of each of its packages) is named in its docstring's ``Args:`` (or ``Attributes:`` of a
   dataclass), as the site's pages show them; several parameters may share one entry
@@ -63,6 +64,11 @@ def on_the_site(directives: set[str]) -> set[str]:
             covered.add(name.rpartition(".")[0])
             continue
         covered.update(home(getattr(module, n)) for n in getattr(module, "__all__", ()))
+    for name in packages():  # re-exports only: on the site where what it exports is
+        package = importlib.import_module(name)
+        exported = {home(getattr(package, n)) for n in getattr(package, "__all__", ())}
+        if exported and exported <= covered:
+            covered.add(name)
     return covered
 
 
