@@ -213,3 +213,32 @@ def test_refusals():
         with pytest.raises(ValueError, match="d_in = 8 does not fit 'blocks.0.attn.hook_z'"):
             model(IDS)
     assert not splices(model)
+
+
+def test_patching_a_feature_from_a_clean_run():
+    """Activation patching on a feature with the existing API: cache the clean run's feature
+    activations, put one feature at one position into the corrupted run; the output moves by
+    exactly that feature's decoder row times the change in its activation."""
+    model = tiny()
+    sae = dictionary(hook_name="blocks.1.hook_resid_post")
+    clean, corrupted = IDS[:1], IDS[1:]
+    name = "blocks.1.hook_resid_post.hook_sae_acts_post"
+    with attach(model, sae):
+        _, clean_cache = run_with_cache(model, clean, names=name)
+        _, corrupt_cache = run_with_cache(model, corrupted, names=name)
+        delta = clean_cache[name] - corrupt_cache[name]  # (1, 9, 64)
+        pos, f = divmod(int(delta.abs().flatten().argmax()), 64)
+
+        def patch(acts, name):
+            acts = acts.clone()
+            acts[:, pos, f] = clean_cache[name][:, pos, f]
+            return acts
+
+        patched = run_with_hooks(model, corrupted, hooks={name: patch}).logits
+    _, resid = run_with_cache(model, corrupted, names="blocks.1.hook_resid_post")
+    shift = torch.zeros_like(resid["blocks.1.hook_resid_post"])
+    shift[:, pos] = delta[:, pos, f, None] * sae.W_dec[f].detach()
+    by_hand = run_with_hooks(model, corrupted, hooks={
+        "blocks.1.hook_resid_post": lambda x, name: x + shift}).logits
+    torch.testing.assert_close(patched, by_hand, rtol=0, atol=1e-5)
+    assert (patched - model(corrupted).logits).abs().max() > 1e-4
