@@ -242,3 +242,17 @@ def test_patching_a_feature_from_a_clean_run():
         "blocks.1.hook_resid_post": lambda x, name: x + shift}).logits
     torch.testing.assert_close(patched, by_hand, rtol=0, atol=1e-5)
     assert (patched - model(corrupted).logits).abs().max() > 1e-4
+
+
+def test_an_sae_on_the_mlp_modules_output():
+    """blocks.{i}.mlp.hook_out (sparsify's ``layers.i.mlp``) exists while spliced: on a model
+    without a post-MLP norm it is hook_mlp_out's value."""
+    model = tiny()
+    sae = dictionary(hook_name="blocks.0.mlp.hook_out")
+    with attach(model, sae, with_error=False):
+        assert "blocks.0.mlp.hook_out.hook_sae_acts_post" in hook_names(model)
+        spliced = model(IDS).logits
+    assert "blocks.0.mlp.hook_out" not in hook_names(model)
+    by_hand = run_with_hooks(model, IDS, hooks={
+        "blocks.0.hook_mlp_out": lambda y, name: sae(y).detach()}).logits
+    torch.testing.assert_close(spliced, by_hand, rtol=0, atol=1e-6)
