@@ -142,6 +142,9 @@ class Splice:
     """What :func:`attach` did to a model, undone by :meth:`remove` (or at the end of a
     ``with`` block).
 
+    Args:
+        model: the model the splice belongs to.
+
     Attributes:
         points: hook name -> the :class:`SplicePoint` or :class:`TapPoint` installed there.
         dictionaries: hook name of the output point -> its dictionary.
@@ -186,7 +189,14 @@ _ATTACHED: weakref.WeakSet[Dictionary] = weakref.WeakSet()
 
 
 def splices(model: nn.Module) -> list[Splice]:
-    """The active splices of ``model`` (found from the points they installed)."""
+    """The active splices of ``model`` (found from the points they installed).
+
+    Args:
+        model: a model :func:`attach` may have spliced.
+
+    Returns:
+        The :class:`Splice` handles not yet removed.
+    """
     found: dict[int, Splice] = {}
     for module in model.modules():
         splice = getattr(module, "splice", None)
@@ -196,7 +206,14 @@ def splices(model: nn.Module) -> list[Splice]:
 
 
 def detach(model: nn.Module) -> int:
-    """Remove every splice of ``model``; returns how many there were."""
+    """Remove every splice of ``model``.
+
+    Args:
+        model: a model :func:`attach` may have spliced.
+
+    Returns:
+        How many splices were removed.
+    """
     active = splices(model)
     for splice in active:
         splice.remove()

@@ -102,6 +102,18 @@ def _check_dtype(dtype: object) -> torch.dtype:
 class Dictionary(nn.Module):
     """What :class:`SparseAutoencoder` and :class:`Transcoder` share (see the module's maths).
 
+    Args:
+        d_in, d_sae, d_out: input width, number of features, output width.
+        activation: ``"relu"``, ``"topk"`` or ``"jumprelu"``.
+        k: the number of active features for ``"topk"`` (None otherwise).
+        apply_b_dec_to_input, normalize_activations, input_scale, hook_name: as the
+            attributes below.
+        dtype: the parameters' dtype.
+        skip: give the dictionary a linear skip term ``W_skip (d_in, d_out)``.
+
+    Raises:
+        OptionError: (a ``ValueError``) for an option out of range, naming it.
+
     Attributes:
         d_in, d_sae, d_out: the sizes.
         activation: ``"relu"``, ``"topk"`` or ``"jumprelu"``; ``k`` for TopK (else None).

@@ -111,6 +111,12 @@ def _load_handformer(path: Path) -> Dictionary:
 def detect_format(path: str | os.PathLike) -> tuple[str, Path]:
     """``(format, the file or folder its loader reads)`` for a local path.
 
+    Args:
+        path: a local file or folder.
+
+    Returns:
+        The format's name and the path its loader reads.
+
     Raises:
         FileNotFoundError: for a path that does not exist or holds no known layout (the
             message lists what each format looks like).
