@@ -15,6 +15,7 @@ draws what it computes).
 """
 
 from handformer.hooks import HookError, HookPoint
+from handformer.inspect.act_names import act_name
 from handformer.inspect.ablation import (
     head_ablation_hooks,
     head_ablation_sweep,
@@ -65,6 +66,7 @@ __all__ = [
     "run_with_cache",
     "ActivationCache",
     "short_name",
+    "act_name",
     "head_ablation_hooks",
     "head_ablation_sweep",
     "head_means",
