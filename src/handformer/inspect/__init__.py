@@ -15,13 +15,13 @@ draws what it computes).
 """
 
 from handformer.hooks import HookError, HookPoint
-from handformer.inspect.act_names import act_name
 from handformer.inspect.ablation import (
     head_ablation_hooks,
     head_ablation_sweep,
     head_means,
     patching_sweep,
 )
+from handformer.inspect.act_names import act_name
 from handformer.inspect.attr_patching import attribution_patching
 from handformer.inspect.detect import (
     detect_heads,
