@@ -11,8 +11,8 @@ next-token candidate that starts a character the tokens after it would finish) a
 by their share of its bytes and their values, ``"byte 1/3 of a character (E5)"``; a byte
 that belongs to no character at all is ``"<0xE5>"``. Spaces, line breaks and tabs inside a
 token are made visible (``␣``, ``↵``, ``⇥``). :func:`next_token_labels` labels next-token
-candidates the same way, in the context of the text they would continue: every list of top tokens (the
-page's, the attribution's, the command line's) uses it.
+candidates the same way, in the context of the text they would continue: every list of top
+tokens (the page's, the attribution's, the command line's) uses it.
 
 :func:`unknown_notice` is the one line shown when a model does not know a text's script (more
 than a tenth of its tokens are the unknown token), and :class:`TextStream` turns generated
