@@ -162,6 +162,8 @@ def test_w_pos_is_refused_without_a_position_table() -> None:
     with pytest.raises(AttributeError, match="no W_pos: its positions are 'rotary'"):
         _ = model.W_pos
     assert not hasattr(model, "W_pos")
+    fixed = model_of(positional="sinusoidal")  # a fixed table added to the embeddings: a view
+    assert fixed.W_pos.shape == (N, E) and fixed.W_pos.data_ptr() == fixed.pos_emb.pe.data_ptr()
     with pytest.raises(AttributeError, match="has no attribute 'W_gate'"):
         _ = model.blocks[0].mlp.W_gate  # a plain MLP has none, as in TransformerLens
 
