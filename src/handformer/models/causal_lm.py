@@ -65,6 +65,11 @@ class CausalLMOutput:
 class CausalLM(CausalLMViews, nn.Module):
     """Decoder-only Transformer language model.
 
+    TransformerLens' names read its weights, as read-only views (no copies):
+    ``model.W_E``, ``W_U``, ``W_pos``, ``model.blocks[l].attn.W_Q`` ... ``b_O``,
+    ``model.blocks[l].mlp.W_in`` / ``W_gate`` / ``W_out``, and ``model.cfg`` (see
+    :mod:`handformer.weight_views`).
+
     Args:
         config: a :class:`CausalLMConfig`.
 
