@@ -194,3 +194,44 @@ def test_a_q_hook_of_tl_layout_is_told_the_difference() -> None:
                                         r"TransformerLens' is \(B, L, heads, D\)"):
         run_with_hooks(model, torch.randint(0, V, (1, 5)),
                        hooks={"blocks.0.attn.hook_q": tl_layout})
+
+
+def test_views_of_a_transformers_llama_are_its_weights(tmp_path) -> None:  # noqa: ANN001
+    """A GQA Llama written by transformers, loaded (packed q/k/v): the views are transformers'
+    own tensors in TransformerLens' shapes, and the logits follow from them."""
+    transformers = pytest.importorskip("transformers")
+    import warnings
+
+    from handformer.pretrained import load_lm
+
+    config = transformers.LlamaConfig(vocab_size=V, hidden_size=E, intermediate_size=40,
+                                      num_hidden_layers=2, num_attention_heads=H,
+                                      num_key_value_heads=2, max_position_embeddings=N,
+                                      attention_bias=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = transformers.LlamaForCausalLM(config).eval()
+        with torch.no_grad():
+            for p in ref.parameters():
+                p.normal_(0, 0.3)
+        ref.save_pretrained(tmp_path, safe_serialization=True)
+    model, _ = load_lm(tmp_path, tokenizer=False)
+    D = E // H
+    for i, block in enumerate(model.blocks):
+        hf_attn, hf_mlp = ref.model.layers[i].self_attn, ref.model.layers[i].mlp
+        assert block.attn.q_proj.weight.data_ptr() + H * D * E * 4 == \
+            block.attn.W_K.data_ptr()  # packed: k's rows follow q's, and W_K still views them
+        for h in range(H):
+            rows = slice(h * D, (h + 1) * D)  # head h's rows of Hugging Face's (H * D, E)
+            torch.testing.assert_close(block.attn.W_Q[h], hf_attn.q_proj.weight[rows].T)
+            torch.testing.assert_close(block.attn.b_Q[h], hf_attn.q_proj.bias[rows])
+            torch.testing.assert_close(block.attn.W_O[h], hf_attn.o_proj.weight[:, rows].T)
+        for g in range(2):
+            rows = slice(g * D, (g + 1) * D)
+            torch.testing.assert_close(block.attn.W_V[g], hf_attn.v_proj.weight[rows].T)
+        torch.testing.assert_close(block.mlp.W_gate, hf_mlp.gate_proj.weight.T)
+        torch.testing.assert_close(block.mlp.W_in, hf_mlp.up_proj.weight.T)
+        torch.testing.assert_close(block.mlp.W_out, hf_mlp.down_proj.weight.T)
+    torch.testing.assert_close(model.W_E, ref.model.embed_tokens.weight)
+    torch.testing.assert_close(model.W_U, ref.lm_head.weight.T)
+    assert model.cfg.n_key_value_heads == 2 and model.cfg.d_head == D
