@@ -198,7 +198,7 @@ def test_a_q_hook_of_tl_layout_is_told_the_difference() -> None:
 
 def test_views_of_a_transformers_llama_are_its_weights(tmp_path) -> None:  # noqa: ANN001
     """A GQA Llama written by transformers, loaded (packed q/k/v): the views are transformers'
-    own tensors in TransformerLens' shapes, and the logits follow from them."""
+    own tensors, in TransformerLens' shapes."""
     transformers = pytest.importorskip("transformers")
     import warnings
 
