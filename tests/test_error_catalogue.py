@@ -273,7 +273,8 @@ def namespace(tmp: Path) -> dict[str, object]:
 EXCEPTIONS = {"ValueError": ValueError, "TypeError": TypeError, "OSError": OSError,
               "CheckpointError": CheckpointError, "FileNotFoundError": FileNotFoundError,
               "UserWarning": UserWarning, "exit": CLIExit, "KeyError": KeyError,
-              "HookError": inspect.HookError, "RuntimeError": RuntimeError}
+              "HookError": inspect.HookError, "RuntimeError": RuntimeError,
+              "AttributeError": AttributeError}
 
 
 def run_row(row: dict[str, str], ns: dict[str, object]) -> BaseException | Warning:

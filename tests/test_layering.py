@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     # LayerNorm, RMSNorm; projection weights stored back to back
     ("attention",),
     ("positional", "positional_rotary"),
-    ("layers", "decoder_layer"),
+    ("layers", "decoder_layer", "weight_views"),  # weight_views: TransformerLens' W_Q...
     ("models",),
     ("interop",),  # torch.nn <-> handformer modules
     ("pretrained",),

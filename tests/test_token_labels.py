@@ -18,6 +18,7 @@ from handformer.pretrained.token_labels import (
     TextStream,
     count_unknown,
     label_words,
+    next_token_labels,
     token_labels,
     unk_token_id,
     unknown_notice,
@@ -64,13 +65,43 @@ def test_bytes_of_one_token_run_together():
     alphabet = {b: c for c, b in _alphabet().items()}
     piece = "".join(alphabet[b] for b in "动".encode()[:2])  # 2 of 动's 3 bytes, alone
     tok.add_tokens([piece])
-    assert token_labels(tok, [tok.token_to_id(piece)]) == ["<0xE5><0x8A>"]
+    # the first two of a character's three bytes, its end not there: their share and values
+    assert token_labels(tok, [tok.token_to_id(piece)]) == ["bytes 1-2/3 of a character (E5 8A)"]
 
 
 def test_a_character_cut_short_shows_its_bytes():
     tok = byte_fallback_bpe()
     ids = tok.encode("动").ids[1:3]  # after "▁": two of the three bytes
-    assert token_labels(tok, ids) == ["<0xE5>", "<0x8A>"]
+    assert token_labels(tok, ids) == ["byte 1/3 of a character (E5)",
+                                      "byte 2/3 of a character (8A)"]
+    # a byte that starts no character at all (0xE5 then "a") keeps its raw form
+    lone = [tok.token_to_id("<0xE5>"), tok.token_to_id("a")]
+    assert token_labels(tok, lone) == ["<0xE5>", "a"]
+
+
+@pytest.mark.parametrize("make", [byte_fallback_bpe, byte_level_bpe], ids=["fallback", "bpe"])
+def test_next_token_candidates_are_labelled_in_their_context(make) -> None:  # noqa: ANN001
+    """A candidate that starts a character says so (never a raw ``<0x..>``); one that finishes
+    the character the context started gets the character, as the prompt's tokens do. The
+    reference: the characters of the text the bytes come from."""
+    tok = make()
+    data = "动物".encode()  # e5 8a a8 | e7 89 a9
+
+    def byte_id(b: int) -> int:
+        if make is byte_fallback_bpe:
+            return tok.token_to_id(f"<0x{b:02X}>")
+        return tok.token_to_id({v: k for k, v in _alphabet().items()}[b])
+
+    whole = tok.token_to_id("a") if make is byte_fallback_bpe else tok.encode("a").ids[0]
+    first, second, third = (byte_id(b) for b in data[:3])
+    # after a complete text: the lead byte of 动 starts a character
+    assert next_token_labels(tok, [whole], [first, whole]) == [
+        "byte 1/3 of a character (E5)", "a"]
+    # after 动's first two bytes: its last byte finishes 动 (the 3rd of its 3 tokens, as at
+    # the end of the prompt), the lead byte of 物 starts another character
+    assert next_token_labels(tok, [whole, first, second], [third, byte_id(data[3])]) == [
+        "动·3/3", "byte 1/3 of a character (E7)"]
+    assert token_labels(tok, [whole, first, second, third])[-1] == "动·3/3"
 
 
 def test_labels_make_spaces_visible_and_keep_plain_tokens():

@@ -39,6 +39,7 @@ from handformer.layers import (
     attention_dropout,
 )
 from handformer.norms import make_norm
+from handformer.weight_views import BlockViews
 
 if TYPE_CHECKING:
     from handformer.attention.cache import LayerCache
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
 __all__ = ["DecoderLayer"]
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(BlockViews, nn.Module):
     """Causal self-attention, optional cross-attention, feed-forward; residuals and LayerNorms.
 
     The block of a decoder-only model (``norm_first=True``, as GPT-2, Llama and Gemma), one

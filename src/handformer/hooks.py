@@ -93,8 +93,17 @@ def _apply(fn: HookFn, x: Tensor, name: str) -> Tensor:
     if new.shape != x.shape or new.dtype != x.dtype:
         raise HookError(f"hook on {name!r} returned shape {tuple(new.shape)} {new.dtype}, "
                         f"but the model's value there is {tuple(x.shape)} {x.dtype}; a "
-                        "replacement must have the same shape and dtype")
+                        f"replacement must have the same shape and dtype{_layout_hint(name)}")
     return new
+
+
+def _layout_hint(name: str) -> str:
+    """Where handformer's layout differs from TransformerLens': its q/k/v hooks."""
+    last = name.rsplit(".", 1)[-1]
+    if last in ("hook_q", "hook_k", "hook_v", "hook_rot_q", "hook_rot_k"):
+        return (f" ({last} is (B, heads, L, D) here, where TransformerLens' is (B, L, heads, "
+                "D): transpose(1, 2) to and from its layout)")
+    return ""
 
 
 @contextmanager

@@ -27,6 +27,7 @@ from handformer.checks import check_dropout, check_positive_int, check_scale
 from handformer.hooks import HookError, HookPoint
 from handformer.norms import LayerNorm, RMSNorm
 from handformer.packing import pack_linears
+from handformer.weight_views import AttentionViews, BlockViews, GatedMLPViews, MLPViews
 
 if TYPE_CHECKING:
     from handformer.attention.cache import LayerCache
@@ -96,7 +97,7 @@ class Dropout(nn.Dropout):
         return super().__call__(x)
 
 
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(AttentionViews, nn.Module):
     """Multi-head attention: project, split into heads, attend, merge, project.
 
     Per head, "attend" is the ten lines of
@@ -370,7 +371,7 @@ def _check_ffn(d_model: int, d_ff: int, activation: str) -> tuple[str, Callable[
     return activation, ACTIVATIONS[activation]
 
 
-class FeedForward(nn.Module):
+class FeedForward(MLPViews, nn.Module):
     """Position-wise feed-forward: ``linear2(dropout(activation(linear1(x))))``.
 
     Args:
@@ -413,7 +414,7 @@ class FeedForward(nn.Module):
         return self.linear2(self.dropout(self.hook_post(h)))
 
 
-class GatedFeedForward(nn.Module):
+class GatedFeedForward(GatedMLPViews, nn.Module):
     """Gated feed-forward (GLU family): ``down(dropout(act(gate(x)) * up(x)))``.
 
     SwiGLU (``activation="silu"``: Llama, Mistral, Qwen) and GeGLU (``"gelu_tanh"``: Gemma)
@@ -477,7 +478,7 @@ def projection_groups(model: nn.Module) -> list[tuple[nn.Linear, ...]]:
     return groups
 
 
-class EncoderLayer(nn.Module):
+class EncoderLayer(BlockViews, nn.Module):
     """Self-attention + feed-forward, each with a residual connection and LayerNorm.
 
     ``norm_first=False`` is the original post-LN layer (the seed's):

@@ -17,6 +17,7 @@ def draw_attribution(model_dir: str, text: str, out: Path, *, device: object,
 
     from handformer.commands.generate import load_model_and_tokenizer
     from handformer.inspect import run_with_cache
+    from handformer.pretrained.token_labels import next_token_labels
     from handformer.viz import plot_logit_attribution, save_figure
 
     model, tokenizer = load_model_and_tokenizer(model_dir)
@@ -25,7 +26,7 @@ def draw_attribution(model_dir: str, text: str, out: Path, *, device: object,
     with torch.inference_mode():
         out_, cache = run_with_cache(model, torch.tensor([ids], device=device))  # (1, L) ids
     token = int(out_.logits[0, -1].argmax())
-    shown = tokenizer.decode([token])
+    shown = next_token_labels(tokenizer, ids, [token])[0]  # a byte of a character says so
     parts = cache.decompose_resid(pos_slice=-1, return_labels=True)
     attrs, labels = cache.logit_attrs(parts, token, pos_slice=-1, incl_bias=True)
     heads = cache.stack_head_results(pos_slice=-1, incl_remainder=True, return_labels=True)

@@ -21,6 +21,7 @@ from handformer.inspect.ablation import (
     head_means,
     patching_sweep,
 )
+from handformer.inspect.act_names import act_name
 from handformer.inspect.attr_patching import attribution_patching
 from handformer.inspect.detect import (
     detect_heads,
@@ -65,6 +66,7 @@ __all__ = [
     "run_with_cache",
     "ActivationCache",
     "short_name",
+    "act_name",
     "head_ablation_hooks",
     "head_ablation_sweep",
     "head_means",

@@ -130,18 +130,21 @@ def test_prompt(model: nn.Module, tokenizer: object, prompt: str, answer: str, *
     ids = torch.tensor([prompt_ids + answer_ids], device=device)  # (1, L)
     with torch.no_grad():
         logits = model(ids).logits[0].float()  # (L, V)
-    piece = [tokenizer.decode([i]) for i in prompt_ids]
+    piece = _shown(tokenizer, [], prompt_ids)
     print(f"Tokenized prompt: {piece}", file=out)
-    print(f"Tokenized answer: {[tokenizer.decode([i]) for i in answer_ids]}", file=out)
+    answer_pieces = _shown(tokenizer, prompt_ids, answer_ids)
+    print(f"Tokenized answer: {answer_pieces}", file=out)
     ranks = []
     for n, token_id in enumerate(answer_ids):
         row = logits[len(prompt_ids) - 1 + n]  # (V,) the prediction of answer token n
         probs = row.softmax(-1)
         rank = int((row > row[token_id]).sum())
         top = row.topk(min(top_k, row.shape[0]))
-        best = [(tokenizer.decode([int(i)]), float(row[i]), float(probs[i]))
-                for i in top.indices]
-        result = AnswerRank(tokenizer.decode([token_id]), token_id, rank, float(row[token_id]),
+        context = prompt_ids + answer_ids[:n]
+        best = [(text, float(row[i]), float(probs[i])) for text, i in zip(
+            _shown(tokenizer, context, [int(i) for i in top.indices], each=True), top.indices,
+            strict=True)]
+        result = AnswerRank(answer_pieces[n], token_id, rank, float(row[token_id]),
                             float(probs[token_id]), best)
         ranks.append(result)
         print(f"Performance on answer token:\nRank: {rank:<8} Logit: {result.logit:5.2f} "
@@ -154,3 +157,21 @@ def test_prompt(model: nn.Module, tokenizer: object, prompt: str, answer: str, *
 
 
 test_prompt.__test__ = False  # a TransformerLens name, not a test for pytest to collect
+
+
+def _shown(tokenizer: object, context: list[int], ids: list[int], *, each: bool = False
+           ) -> list[str]:
+    """Each token decoded alone, as TransformerLens prints it, except a piece of a character
+    (U+FFFD alone): that gets its label (``"动·1/3"``, ``"byte 1/3 of a character (E5)"``, see
+    :mod:`handformer.pretrained.token_labels`). ``ids`` follow ``context`` in turn, or, with
+    ``each``, each one on its own after it (candidates)."""
+    from handformer.pretrained.token_labels import next_token_labels, token_labels
+
+    texts = [tokenizer.decode([i]) for i in ids]
+    if not any("\ufffd" in t for t in texts):
+        return texts
+    if each:
+        labels = next_token_labels(tokenizer, context, ids)
+    else:
+        labels = token_labels(tokenizer, [*context, *ids])[len(context):]
+    return [label if "\ufffd" in t else t for t, label in zip(texts, labels, strict=True)]

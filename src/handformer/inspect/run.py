@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from handformer.hooks import HookFn, HookPoint, active_hooks
 from handformer.inspect import attribution
+from handformer.inspect.act_names import act_name, short_forms
 from handformer.inspect.points import (
     NameSpec,
     hook_points,
@@ -33,17 +34,11 @@ __all__ = ["hooks", "run_with_hooks", "run_with_cache", "ActivationCache", "shor
 PosSlice = int | slice | Sequence[int] | Tensor | None
 HookSpec = Mapping[str, HookFn | list[HookFn] | tuple[HookFn, ...]]
 
-# TransformerLens-style short names: cache["pattern", 3] = cache["blocks.3.attn.hook_pattern"].
-_ATTN = ("q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z", "result")
-_MLP = ("pre", "pre_linear", "post")
-_BLOCK = ("resid_pre", "resid_mid", "resid_mid_cross", "resid_post", "attn_out",
-          "cross_attn_out", "mlp_out")
-_NORMS = ("ln1", "ln2", "ln1_post", "ln2_post")
-
 
 def short_name(short: str, layer: int | None = None, norm: str | None = None) -> str:
     """``("pattern", 3)`` -> ``"blocks.3.attn.hook_pattern"``; ``"embed"`` -> ``"hook_embed"``;
     ``("scale", 3, "ln1")`` -> ``"blocks.3.ln1.hook_scale"``; ``"scale"`` -> the final norm's.
+    TransformerLens' ``get_act_name``: see :func:`handformer.inspect.act_names.act_name`.
 
     Args:
         short: the short name (TransformerLens': ``"pattern"``, ``"resid_post"``, ...).
@@ -52,25 +47,9 @@ def short_name(short: str, layer: int | None = None, norm: str | None = None) ->
         norm: which norm of the block, for the norms' names (``"ln1"``, ``"ln2"``).
 
     Raises:
-        KeyError: for an unknown short name, or a per-layer name without a layer.
+        KeyError: for a name or kind of the wrong type, or a kind that contradicts the name.
     """
-    if layer is None:
-        if short in ("embed", "pos_embed", "token_type_embed"):
-            return f"hook_{short}"
-        if short in ("normalized", "ln_final"):
-            return "ln_final.hook_normalized"
-        if short == "scale":
-            return "ln_final.hook_scale"
-    elif short in ("scale", "normalized") and norm in _NORMS:
-        return f"blocks.{layer}.{norm}.hook_{short}"
-    elif norm is None:
-        for group, where in ((_ATTN, "attn."), (_MLP, "mlp."), (_BLOCK, "")):
-            if short in group:
-                return f"blocks.{layer}.{where}hook_{short}"
-    known = ", ".join(_ATTN + _MLP + _BLOCK)
-    raise KeyError(f"unknown short hook name {short!r} (layer {layer}); per-layer names are "
-                   f"{known}, and ('scale', layer, one of {_NORMS}); model-level: embed, "
-                   "pos_embed, normalized, scale")
+    return act_name(short, layer, norm)
 
 
 def _registry(model: nn.Module, spec: HookSpec) -> dict[HookPoint, tuple[tuple[str, HookFn], ...]]:
@@ -176,17 +155,32 @@ class ActivationCache(Mapping[str, Tensor]):
         return layer % N
 
     def __getitem__(self, key: str | tuple) -> Tensor:
-        if isinstance(key, tuple):
-            if len(key) >= 2 and key[1] is not None:
-                key = (key[0], self._layer(key[1]), *key[2:])
-            name = short_name(*key)
-        else:
-            name = key
+        if isinstance(key, str) and key in self._tensors:
+            return self._tensors[key]
+        name = self._resolve(key)
         if name in self._tensors:
             return self._tensors[name]
         if name in self._all_names:
             raise KeyError(f"{name!r} was not kept: run_with_cache(..., names=...) left it out")
-        raise KeyError(unknown_name_message(name, self._all_names))
+        if isinstance(key, str) and key == name:
+            raise KeyError(unknown_name_message(name, self._all_names))
+        hint = ""
+        if f"blocks.0.{name.removeprefix('hook_')}" in self._all_names or \
+                f"blocks.0.{name}" in self._all_names:
+            hint = f" (a per-layer name: give the layer, e.g. cache[{key!r}, 0])"
+        raise KeyError(f"{key!r} is {name!r}, which this model has not{hint}; its short names "
+                       f"are {', '.join(short_forms(self._all_names))}")
+
+    def _resolve(self, key: str | tuple) -> str:
+        """The full hook name of a key: a name, a short name (``"embed"``, ``"k6"``) or a
+        TransformerLens tuple ``(name, layer)`` / ``(name, layer, kind)``."""
+        if isinstance(key, str):
+            return key if key in self._all_names else act_name(key)
+        if not isinstance(key, tuple) or not 1 <= len(key) <= 3:
+            raise KeyError(f"a cache key is a hook name or (name, layer[, kind]), got {key!r}")
+        if len(key) >= 2 and key[1] is not None:
+            key = (key[0], self._layer(key[1]), *key[2:])
+        return act_name(*key)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._tensors)
@@ -203,10 +197,10 @@ class ActivationCache(Mapping[str, Tensor]):
         import torch
 
         layers = []
-        while short_name(short, len(layers)) in self._tensors:
-            layers.append(self._tensors[short_name(short, len(layers))])
+        while act_name(short, len(layers)) in self._tensors:
+            layers.append(self._tensors[act_name(short, len(layers))])
         if not layers:
-            raise KeyError(f"the cache holds no {short_name(short, 0)!r} (names kept: "
+            raise KeyError(f"the cache holds no {act_name(short, 0)!r} (names kept: "
                            f"{len(self)})")
         return torch.stack(layers)
 

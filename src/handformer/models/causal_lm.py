@@ -37,6 +37,7 @@ from handformer.models.plain_step import PlainDecodeStep
 from handformer.norms import make_norm
 from handformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from handformer.positional_rotary import RotaryEmbedding, shared_tables
+from handformer.weight_views import CausalLMViews
 from handformer.weights import load_safetensors
 
 __all__ = ["CausalLM", "CausalLMConfig", "CausalLMOutput", "MODEL_TYPE"]
@@ -61,8 +62,13 @@ class CausalLMOutput:
     cache: DecodingCache | None = None
 
 
-class CausalLM(nn.Module):
+class CausalLM(CausalLMViews, nn.Module):
     """Decoder-only Transformer language model.
+
+    TransformerLens' names read its weights, as read-only views (no copies):
+    ``model.W_E``, ``W_U``, ``W_pos``, ``model.blocks[l].attn.W_Q`` ... ``b_O``,
+    ``model.blocks[l].mlp.W_in`` / ``W_gate`` / ``W_out``, and ``model.cfg`` (see
+    :mod:`handformer.weight_views`).
 
     Args:
         config: a :class:`CausalLMConfig`.

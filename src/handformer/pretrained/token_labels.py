@@ -5,9 +5,14 @@ SentencePiece with ``<0x..>`` byte-fallback tokens) split a character they have 
 into its UTF-8 bytes, so one Chinese character may be two or three tokens, and a token may end
 in the middle of a character. Decoded alone such a token is ``"\\ufffd"``. :func:`token_labels`
 keeps every token (its own row and column) but labels it with the whole character it belongs
-to and its share: the first of two tokens of 动 is ``"动·1/2"``, the second ``"动·2/2"``. A byte
-that belongs to no complete character (a text cut in the middle of one) is ``"<0xE5>"``.
-Spaces, line breaks and tabs inside a token are made visible (``␣``, ``↵``, ``⇥``).
+to and its share: the first of two tokens of 动 is ``"动·1/2"``, the second ``"动·2/2"``. The
+first bytes of a character whose end is not there (a text cut in the middle of one, or a
+next-token candidate that starts a character the tokens after it would finish) are labelled
+by their share of its bytes and their values, ``"byte 1/3 of a character (E5)"``; a byte
+that belongs to no character at all is ``"<0xE5>"``. Spaces, line breaks and tabs inside a
+token are made visible (``␣``, ``↵``, ``⇥``). :func:`next_token_labels` labels next-token
+candidates the same way, in the context of the text they would continue: every list of top
+tokens (the page's, the attribution's, the command line's) uses it.
 
 :func:`unknown_notice` is the one line shown when a model does not know a text's script (more
 than a tenth of its tokens are the unknown token), and :class:`TextStream` turns generated
@@ -19,7 +24,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-__all__ = ["token_labels", "visible", "unk_token_id", "count_unknown", "unknown_notice",
+__all__ = ["token_labels", "next_token_labels", "visible", "unk_token_id", "count_unknown",
+           "unknown_notice",
            "texts_unknown_notice", "UNKNOWN_SHARE", "MULTILINGUAL_MODEL", "LM_ADVICE",
            "ENCODER_ADVICE", "TextStream", "label_words"]
 
@@ -89,9 +95,11 @@ def _token_bytes(tokenizer: object, token_id: int) -> bytes | None:
     return None
 
 
-def _utf8_chars(data: bytes) -> list[tuple[int, int, str | None]]:
-    """``data`` cut into characters: ``(start, end, char)``, with ``char`` None for a byte
-    that starts no complete, valid UTF-8 sequence."""
+def _utf8_chars(data: bytes, open_end: bool = True) -> list[tuple[int, int, str | None, int]]:
+    """``data`` cut into characters: ``(start, end, char, size)``. ``char`` is None for a byte
+    that starts no complete, valid UTF-8 sequence (``size`` 1), and, with ``open_end`` (what
+    comes after ``data`` is not known), for the first bytes of a character that ``data`` ends
+    before (``size`` the character's byte count, more than ``end - start``)."""
     out, i = [], 0
     while i < len(data):
         b = data[i]
@@ -99,41 +107,56 @@ def _utf8_chars(data: bytes) -> list[tuple[int, int, str | None]]:
             4 if 0xF0 <= b < 0xF5 else 0)
         if size and i + size <= len(data):
             try:
-                out.append((i, i + size, data[i:i + size].decode("utf-8")))
+                out.append((i, i + size, data[i:i + size].decode("utf-8"), size))
                 i += size
                 continue
             except UnicodeDecodeError:
                 pass
-        out.append((i, i + 1, None))
+        elif open_end and size > 1 and all(0x80 <= c < 0xC0 for c in data[i + 1:]):  # cut
+            out.append((i, len(data), None, size))
+            break
+        out.append((i, i + 1, None, 1))
         i += 1
     return out
 
 
-def _label_run(pieces: list[bytes]) -> list[str]:
-    """Labels of consecutive tokens given by their bytes (see :func:`token_labels`)."""
+def _share(data: bytes, first: int, last: int, size: int) -> str:
+    """``"byte 1/3 of a character (E5)"``: bytes ``first..last`` (from 1) of a character of
+    ``size`` bytes whose end is not known; ``data`` holds them (their values tell two such
+    tokens apart)."""
+    span = f"byte {first}" if first == last else f"bytes {first}-{last}"
+    return f"{span}/{size} of a character ({data.hex(' ').upper()})"
+
+
+def _label_run(pieces: list[bytes], open_end: bool = True) -> list[str]:
+    """Labels of consecutive tokens given by their bytes (see :func:`token_labels`);
+    ``open_end``: nothing is known of what follows them (else a whole token does)."""
     starts, pos = [], 0
     for p in pieces:
         starts.append(pos)
         pos += len(p)
     ends = [s + len(p) for s, p in zip(starts, pieces, strict=True)]
     data = b"".join(pieces)
-    parts: list[list[tuple[str, bool]]] = [[] for _ in pieces]  # (text, whole?) per token
-    for start, end, char in _utf8_chars(data):
+    parts: list[list[tuple[str, str]]] = [[] for _ in pieces]  # (text, kind) per token
+    for start, end, char, size in _utf8_chars(data, open_end):
         owners = [t for t in range(len(pieces)) if starts[t] < end and ends[t] > start]
         for n, t in enumerate(owners):
-            if char is None:
-                parts[t].append((f"<0x{data[start]:02X}>", False))
+            if char is None and size > end - start:  # a character cut short
+                first, last = max(start, starts[t]) - start + 1, min(end, ends[t]) - start
+                piece = data[start + first - 1:start + last]
+                parts[t].append((_share(piece, first, last, size), "share"))
+            elif char is None:
+                parts[t].append((f"<0x{data[start]:02X}>", "byte"))
             elif len(owners) == 1:
-                parts[t].append((visible(char), True))
+                parts[t].append((visible(char), "whole"))
             else:
-                parts[t].append((f"{visible(char)}\u00b7{n + 1}/{len(owners)}", False))
+                parts[t].append((f"{visible(char)}\u00b7{n + 1}/{len(owners)}", "piece"))
     labels = []
     for token_parts in parts:
         merged: list[str] = []
-        last = None  # kind of the last part: "whole", "byte" or "piece"
-        for text, whole in token_parts:
-            kind = "whole" if whole else ("byte" if text.startswith("<0x") else "piece")
-            if merged and kind == last and kind != "piece":
+        last = None  # kind of the last part
+        for text, kind in token_parts:
+            if merged and kind == last and kind in ("whole", "byte"):
                 merged[-1] += text  # whole characters stay one word, bytes one run
             else:
                 merged.append(text)
@@ -161,8 +184,8 @@ def token_labels(tokenizer: object, ids: Sequence[int]) -> list[str]:
     labels: list[str] = [""] * len(ids)
     run: list[tuple[int, bytes]] = []
 
-    def flush() -> None:
-        for (t, _), label in zip(run, _label_run([b for _, b in run]), strict=True):
+    def flush(open_end: bool = False) -> None:  # a whole token follows, unless at the end
+        for (t, _), label in zip(run, _label_run([b for _, b in run], open_end), strict=True):
             labels[t] = label
         run.clear()
 
@@ -173,8 +196,38 @@ def token_labels(tokenizer: object, ids: Sequence[int]) -> list[str]:
             labels[t] = visible(text).replace(_REPLACEMENT, "<?>")
         else:
             run.append((t, data))
-    flush()
+    flush(open_end=True)
     return labels
+
+
+def _pending(tokenizer: object, ids: Sequence[int], limit: int = 8) -> list[int]:
+    """The last tokens of ``ids`` that hold pieces of characters (at most ``limit``): the
+    run a next token may finish."""
+    tail: list[int] = []
+    for i in reversed([int(i) for i in ids][-limit:]):
+        if _REPLACEMENT not in tokenizer.decode([i]) or _token_bytes(tokenizer, i) is None:
+            break
+        tail.insert(0, i)
+    return tail
+
+
+def next_token_labels(tokenizer: object, context: Sequence[int],
+                      candidates: Sequence[int]) -> list[str]:
+    """The label of each candidate next token after ``context``, as :func:`token_labels`
+    would label it at the end of ``context``: a token that finishes a character the context
+    started is ``"动·2/2"``, one that starts a character is ``"byte 1/3 of a character (E9)"``,
+    never a raw ``"<0xE9>"`` or U+FFFD.
+
+    Args:
+        tokenizer: as for :func:`token_labels`.
+        context: the token ids before the candidates (only the last few are read).
+        candidates: the candidate ids, each labelled on its own after ``context``.
+
+    Returns:
+        One label per candidate.
+    """
+    tail = _pending(tokenizer, context)
+    return [token_labels(tokenizer, [*tail, int(c)])[-1] for c in candidates]
 
 
 _PIECE = re.compile(r"^.\u00b7(\d+)/\d+")  # "动·2/3": the 2nd token of a character
@@ -324,7 +377,7 @@ class TextStream:
 
     def finish(self) -> str:
         """What is left at the end, without the bytes of a character cut short (the tokens'
-        labels show them as ``"<0x..>"``)."""
+        labels show them as ``"byte 1/3 of a character (E5)"``)."""
         text = self.tokenizer.decode(self.ids)
         rest = text[self.sent:].replace(_REPLACEMENT, "")
         self.sent = len(text)

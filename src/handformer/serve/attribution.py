@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from handformer.pretrained.token_labels import token_labels
+from handformer.pretrained.token_labels import next_token_labels
 from handformer.serve.compute import _header, ablated, request_input
 from handformer.serve.state import ModelState
 from handformer.serve.validation import RequestError, RunRequest
@@ -46,7 +46,8 @@ def attribution(state: ModelState, req: RunRequest) -> dict[str, object]:
     grid, rest = head_grid(head_attrs[:, 0].double().numpy(), head_labels)
     return _header(state, req) | {
         "tokens": enc.tokens, "notices": enc.notices,
-        "token": {"id": token, "token": token_labels(state.tokenizer, [token])[0]},
+        "token": {"id": token, "token": next_token_labels(
+            state.tokenizer, enc.batch["input_ids"][0].tolist(), [token])[0]},
         "logit": float(layer_attrs[:, 0].sum()),
         "components": {"labels": layer_labels,
                        "values": [float(v) for v in layer_attrs[:, 0]]},

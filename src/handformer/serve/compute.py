@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from handformer.pretrained.token_labels import (
     label_words,
+    next_token_labels,
     token_labels,
     unk_token_id,
     unknown_notice,
@@ -187,14 +188,16 @@ def _cosine(a: Tensor, b: Tensor) -> float:
     return float(torch.nn.functional.cosine_similarity(a[None].double(), b[None].double())[0])
 
 
-def _top_tokens(state: ModelState, logits: Tensor) -> list[dict[str, object]]:
-    """The most likely next tokens, ``logits`` being ``(V,)``."""
+def _top_tokens(state: ModelState, logits: Tensor, context: Tensor
+                ) -> list[dict[str, object]]:
+    """The most likely next tokens, ``logits`` being ``(V,)``, after the ids ``context``
+    ``(1, L)``, labelled as the prompt's tokens are (a byte of a character says so)."""
     probs = torch.softmax(logits.double(), dim=-1)  # (V,)
     top = torch.topk(probs, min(TOP_K, probs.numel()))
     ids = [int(i) for i in top.indices]
+    labels = next_token_labels(state.tokenizer, context[0].tolist(), ids)
     return [{"id": i, "token": label, "prob": round(float(p), 6)}
-            for i, label, p in zip(ids, [token_labels(state.tokenizer, [i])[0] for i in ids],
-                                   top.values, strict=True)]
+            for i, label, p in zip(ids, labels, top.values, strict=True)]
 
 
 def _header(state: ModelState, req: RunRequest) -> dict[str, object]:
@@ -257,7 +260,8 @@ def run(state: ModelState, req: RunRequest, *, binary: bool = False) -> dict[str
         out = model(**enc.batch, need_weights=True)
         attentions = out.attentions
         if state.causal:
-            result["next_token"] = _top_tokens(state, out.logits[0, -1])
+            result["next_token"] = _top_tokens(state, out.logits[0, -1],
+                                               enc.batch["input_ids"])
         else:
             result["similarity"] = None
             if req.text_pair is not None:
@@ -293,7 +297,8 @@ def ablate(state: ModelState, req: RunRequest) -> dict[str, object]:
             best = int(clean.argmax())
             return result | {
                 "metric": "next_token", "notices": notices,
-                "clean": _top_tokens(state, clean), "ablated": _top_tokens(state, dirty),
+                "clean": _top_tokens(state, clean, enc.batch["input_ids"]),
+                "ablated": _top_tokens(state, dirty, enc.batch["input_ids"]),
                 "top_token_prob": {"clean": float(p[best].exp()), "ablated": float(q[best].exp())},
                 "kl_divergence": float((p.exp() * (p - q)).sum())}
         emb = _embedding(state, model, req.text, "text", notices)

@@ -111,7 +111,9 @@ function fmt(v) { return v === null || v === undefined ? "\u2013" : v.toFixed(4)
 function showCandidates(box, label, list) {
   box.appendChild(el("span", null, label + " "));
   list.forEach(function (c) {
-    box.appendChild(el("span", "sv-cand", c.token + " " + (100 * c.prob).toFixed(1) + "%"));
+    const s = box.appendChild(el("span", "sv-cand", c.token + " " + (100 * c.prob).toFixed(1) + "%"));
+    s.title = "token id " + c.id + (/ of a character \(/.test(c.token) ?
+      ": the first bytes of a character (their UTF-8 values in parentheses), which the tokens after it finish" : "");
   });
 }
 
