@@ -1,7 +1,8 @@
 """The ``handformer`` command line: one sub-command per module in ``handformer.commands``.
 
 Exit status: 0 on success; 2 with a one-line ``handformer CMD: error: ...`` message on bad
-input (never a traceback); 130 on Ctrl-C; 141 (128 + SIGPIPE, what the shell reports for a
+input (never a traceback; an optional library that is not installed is bad input too: its
+message names the pip line); 130 on Ctrl-C; 141 (128 + SIGPIPE, what the shell reports for a
 Unix tool whose reader went away) when stdout is closed early, as in
 ``handformer viz TEXT | head -1``, silently. Warnings raised while a command runs are printed
 as one-line ``note: ...`` lines on stderr, not as Python warnings with a source path.
@@ -122,7 +123,7 @@ def _run(argv: list[str] | None) -> int:
             return int(args._run(args) or 0)
     except BrokenPipeError:
         raise  # handled by main(): not a usage error
-    except (UsageError, ValueError, TypeError, OSError) as exc:
+    except (UsageError, ValueError, TypeError, OSError, ModuleNotFoundError) as exc:
         message = " ".join(str(exc).split())  # one line
         sys.stderr.write(f"handformer {args.command}: error: {message}\n")
         return EXIT_USAGE
