@@ -291,6 +291,9 @@ _DAMAGE: dict[str, tuple[str, str, object]] = {  # kind -> (field, struct format
     "offset": ("ti:blk.0.ffn_down.weight:offset", "<Q", 1 << 40),
     "alignment": ("kv:general.alignment:value", "<I", 48),
     "int-tensor": ("ti:output_norm.weight:type", "<I", 26),  # I32: same size as F32
+    "context-length": ("kv:llama.context_length:value", "<I", 1 << 31),  # beyond 2**31 - 1
+    "rope-base": ("kv:llama.rope.freq_base:value", "<f", 1.0),  # no rotation
+    "eos-id": ("kv:tokenizer.ggml.eos_token_id:value", "<I", 10**9),  # left out, not refused
 }
 
 

@@ -155,6 +155,12 @@ def namespace(tmp: Path) -> dict[str, object]:
             raise CLIExit(code, err.getvalue().strip())
         return 0
 
+    def not_installed(*modules: str) -> object:
+        """A context in which ``modules`` are not installed (import and find_spec fail)."""
+        from unittest import mock
+
+        return mock.patch.dict(sys.modules, dict.fromkeys(modules))
+
     def enc() -> hf.Encoder:
         """A tiny two-layer encoder (E=8, 2 heads)."""
         return hf.Encoder(hf.EncoderLayer(8, 2, 16, dropout=0.0), 2).eval()
@@ -246,7 +252,8 @@ def namespace(tmp: Path) -> dict[str, object]:
             "fam": fam, "folder_of": folder_of,
             "bad_gguf": bad_gguf, "read_gguf": read_gguf,
             "gguf_to_hf": gguf_to_hf, "shipped_path": shipped_path,
-            "registry": registry, "chat_state": chat_state, "serve_state": serve_state}
+            "registry": registry, "chat_state": chat_state, "serve_state": serve_state,
+            "not_installed": not_installed}
 
 
 EXCEPTIONS = {"ValueError": ValueError, "TypeError": TypeError, "OSError": OSError,

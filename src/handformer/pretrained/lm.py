@@ -592,8 +592,14 @@ def _load_gguf(path: Path, *, dtype: torch.dtype, device: object, attention: obj
                                   "handformer checkout: make llm)")
     file = _sibling("gguf.reader").read_gguf(path)
     hf_config, state = _sibling("gguf.convert").gguf_state(file, dtype=dtype)  # lazy
-    model = build_causal_lm(hf_config, state, source=str(path), dtype=dtype, device=device,
-                            attention=attention)
+    try:
+        model = build_causal_lm(hf_config, state, source=str(path), dtype=dtype,
+                                device=device, attention=attention)
+    except CheckpointError:
+        raise
+    except ValueError as exc:  # a config the converter's per-key checks let through
+        raise CheckpointError(f"{path}: its metadata gives a config handformer cannot run: "
+                              f"{exc}") from None
     del state
     if not tokenizer:
         return model, None
