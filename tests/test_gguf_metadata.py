@@ -16,7 +16,7 @@ import torch
 import transformers
 from gguf import GGUFValueType as T
 
-from gguf_util import hf_to_gguf
+from gguf_util import gpt2_to_gguf, hf_to_gguf
 from handformer.pretrained import CheckpointError, load_lm
 from tokenizer_util import as_metadata, spm_fields
 
@@ -33,7 +33,12 @@ def models() -> dict[str, tuple[dict, dict]]:
     for arch, cls, config in (
             ("llama", transformers.LlamaForCausalLM, transformers.LlamaConfig(**BASE)),
             ("gemma3", transformers.Gemma3ForCausalLM,
-             transformers.Gemma3TextConfig(**BASE, sliding_window=4))):
+             transformers.Gemma3TextConfig(**BASE, sliding_window=4)),
+            ("gemma2", transformers.Gemma2ForCausalLM,
+             transformers.Gemma2Config(**BASE, sliding_window=4)),
+            ("gpt2", transformers.GPT2LMHeadModel,
+             transformers.GPT2Config(vocab_size=297, n_positions=64, n_embd=16, n_layer=1,
+                                     n_head=2))):
         model = cls(config).eval()
         state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}  # tied
         out[arch] = (state, config.to_dict())
@@ -51,8 +56,9 @@ def _tokenizer() -> dict[str, tuple]:
 
 def _write(tmp_path: Path, models: dict, arch: str, changes: dict[str, tuple]) -> Path:
     state, config = models[arch]
-    return hf_to_gguf(state, config, arch, tmp_path / f"{arch}.gguf",
-                      metadata={**_tokenizer(), **changes})
+    write = gpt2_to_gguf if arch == "gpt2" else (
+        lambda *a, **k: hf_to_gguf(*a[:2], arch, *a[2:], **k))
+    return write(state, config, tmp_path / f"{arch}.gguf", metadata={**_tokenizer(), **changes})
 
 
 # (architecture, metadata changes, the key the refusal names, an excerpt of the message)
@@ -95,6 +101,17 @@ REFUSED = [
      "must be a number > 1"),
     ("gemma3", {"gemma3.attention.sliding_window_pattern": (ARR, [True])},
      "gemma3.attention.sliding_window_pattern", "must be an array of 2 bools"),
+    ("gemma2", {"gemma2.attn_logit_softcapping": (F32, 0.0)}, "gemma2.attn_logit_softcapping",
+     "must be a finite positive number"),
+    ("gemma2", {"gemma2.final_logit_softcapping": (F32, float("inf"))},
+     "gemma2.final_logit_softcapping", "must be a finite positive number"),
+    ("gemma2", {"gemma2.rope.freq_base": (F32, 0.9)}, "gemma2.rope.freq_base",
+     "must be a number > 1"),
+    ("gpt2", {"gpt2.context_length": (U64, 2**31)}, "gpt2.context_length",
+     "must be in [1, 2147483647]"),
+    ("gpt2", {"gpt2.attention.layer_norm_epsilon": (F32, -1.0)},
+     "gpt2.attention.layer_norm_epsilon", "must be a finite positive number"),
+    ("gpt2", {"gpt2.attention.head_count": (U32, 0)}, "gpt2.attention.head_count", "got 0"),
 ]
 
 
@@ -113,7 +130,7 @@ def test_a_bad_metadata_value_names_the_file_and_key(
 def test_the_good_file_loads(tmp_path: Path, models: dict) -> None:
     for arch in models:
         model, tokenizer = load_lm(_write(tmp_path, models, arch, {}))
-        assert model.config.max_len == 64 and tokenizer.eos_token_id == 2
+        assert model.config.max_len == 64 and tokenizer.eos_token_id == 2, arch
 
 
 @pytest.mark.parametrize("key, value", [
