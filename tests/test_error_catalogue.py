@@ -155,6 +155,26 @@ def namespace(tmp: Path) -> dict[str, object]:
             raise CLIExit(code, err.getvalue().strip())
         return 0
 
+    def gpt2_default_ids() -> Path:
+        """A GPT-2 folder with a 300-token vocabulary under GPT2Config's default special ids
+        (bos = eos = 50256, in config.json and generation_config.json)."""
+        from pretrained_util import tiny_gpt2_folder
+
+        folder = tmp / "gpt2-default-ids"
+        if not folder.exists():
+            tiny_gpt2_folder(folder, vocab_size=300)
+            for name in ("config.json", "generation_config.json"):
+                data = json.loads((folder / name).read_text())
+                data.update(bos_token_id=50256, eos_token_id=50256)
+                (folder / name).write_text(json.dumps(data))
+        return folder
+
+    def not_installed(*modules: str) -> object:
+        """A context in which ``modules`` are not installed (import and find_spec fail)."""
+        from unittest import mock
+
+        return mock.patch.dict(sys.modules, dict.fromkeys(modules))
+
     def enc() -> hf.Encoder:
         """A tiny two-layer encoder (E=8, 2 heads)."""
         return hf.Encoder(hf.EncoderLayer(8, 2, 16, dropout=0.0), 2).eval()
@@ -267,7 +287,8 @@ def namespace(tmp: Path) -> dict[str, object]:
             "bad_gguf": bad_gguf, "read_gguf": read_gguf,
             "gguf_to_hf": gguf_to_hf, "shipped_path": shipped_path,
             "registry": registry, "chat_state": chat_state, "serve_state": serve_state,
-            "features": features, "sae_dir": sae_dir}
+            "features": features, "sae_dir": sae_dir,
+            "not_installed": not_installed, "gpt2_default_ids": gpt2_default_ids}
 
 
 EXCEPTIONS = {"ValueError": ValueError, "TypeError": TypeError, "OSError": OSError,

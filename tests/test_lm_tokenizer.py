@@ -303,8 +303,8 @@ def test_malformed_metadata_is_refused() -> None:
         ({"tokenizer.ggml.tokens": ["a", 3]}, "tokenizer.ggml.tokens[1] must be a string"),
         ({"tokenizer.ggml.scores": [0.0]}, "tokenizer.ggml.scores has 1 entries but"),
         ({"tokenizer.ggml.token_type": ["x"] * 297}, "tokenizer.ggml.token_type[0] must be a"),
-        ({"tokenizer.ggml.bos_token_id": 10**6}, "tokenizer.ggml.bos_token_id is 1000000, "
-                                                  "outside the vocabulary of 297 tokens"),
+        ({"tokenizer.ggml.bos_token_id": "1"}, "tokenizer.ggml.bos_token_id must be an "
+                                                "integer, got '1'"),
         ({"tokenizer.ggml.bos_token_id": None, "tokenizer.ggml.add_bos_token": True},
          "tokenizer.ggml.add_bos_token is true but the file has no tokenizer.ggml.bos_token_id"),
         ({"tokenizer.ggml.tokens": [b"\xff"]}, "tokenizer.ggml.tokens[0] holds bytes that are "

@@ -1,21 +1,27 @@
 """The ``handformer`` command line: one sub-command per module in ``handformer.commands``.
 
 Exit status: 0 on success; 2 with a one-line ``handformer CMD: error: ...`` message on bad
-input (never a traceback); 130 on Ctrl-C; 141 (128 + SIGPIPE, what the shell reports for a
+input (never a traceback; an optional library that is not installed is bad input too: its
+message names the pip line); 130 on Ctrl-C; 141 (128 + SIGPIPE, what the shell reports for a
 Unix tool whose reader went away) when stdout is closed early, as in
 ``handformer viz TEXT | head -1``, silently. Warnings raised while a command runs are printed
 as one-line ``note: ...`` lines on stderr, not as Python warnings with a source path.
 
+Only the sub-command being run is imported (``handformer --help`` and ``--version`` import
+no sub-command, hence neither torch): the top-level help lists each one with the summary in
+:data:`COMMANDS`.
+
 Adding a sub-command: write ``handformer/commands/NAME.py`` with ``NAME``, ``HELP``,
-``add_arguments(parser)`` (its parser, and only its parser) and ``run(args) -> int``, and
-list the module in :data:`COMMANDS`. Shared pieces (``UsageError``, ``note``, ``--device``)
-are in :mod:`handformer.commands.common`.
+``add_arguments(parser)`` (its parser, and only its parser) and ``run(args) -> int``
+(importing heavy libraries inside ``run``), and list it in :data:`COMMANDS`. Shared pieces
+(``UsageError``, ``note``, ``--device``) are in :mod:`handformer.commands.common`.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import os
 import sys
 import warnings
@@ -24,18 +30,30 @@ from handformer.commands.common import UsageError, note
 
 __all__ = ["COMMANDS", "UsageError", "build_parser", "main"]
 
-# Sub-command modules; each defines ``NAME``, ``HELP``, ``add_arguments(parser)`` and
-# ``run(args) -> int``.
+# (name, module, summary in the top-level help). Each module defines ``NAME``, ``HELP`` (its
+# own help's description), ``add_arguments(parser)`` and ``run(args) -> int``.
 COMMANDS = [
-    "handformer.commands.demo",
-    "handformer.commands.train",
-    "handformer.commands.embed",
-    "handformer.commands.viz",
-    "handformer.commands.generate",
-    "handformer.commands.chat",
-    "handformer.commands.heads",
-    "handformer.commands.serve",
+    ("demo", "handformer.commands.demo",
+     "Run a tiny random encoder on a sentence and print shapes and one head."),
+    ("train", "handformer.commands.train",
+     "Train a small decoder-only model (copy, reverse, sort, or a text file)."),
+    ("embed", "handformer.commands.embed",
+     "Embed sentences with a BERT-family model and print their similarities."),
+    ("viz", "handformer.commands.viz",
+     "Draw a model's attention on a text (head.png, model.png, index.html)."),
+    ("generate", "handformer.commands.generate",
+     "Continue a prompt with a language model (a folder, a .gguf file or a shipped LLM)."),
+    ("chat", "handformer.commands.chat", "Chat with an instruct model in the terminal."),
+    ("heads", "handformer.commands.heads",
+     "Switch off each attention head in turn and show what it changes."),
+    ("serve", "handformer.commands.serve",
+     "Serve a web app: type text, see the attention, switch off heads, generate."),
 ]
+
+DESCRIPTION = ("Look inside Transformers, run local language models and train small ones. "
+               "Every model runs on this machine: nothing is downloaded.")
+EPILOG = ("Run 'handformer COMMAND --help' for a command's options. Exit status: 0 on success, "
+          "2 for bad input (a one-line error), 130 when interrupted.")
 
 EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 2, 130, 141
 
@@ -48,17 +66,45 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``handformer`` parser with one sub-parser per module of :data:`COMMANDS`."""
-    parser = _Parser(prog="handformer", description=__doc__.splitlines()[0])
+def version() -> str:
+    """The installed package's version (the source tree's where it is not installed)."""
+    try:
+        return importlib.metadata.version("handformer")
+    except importlib.metadata.PackageNotFoundError:
+        import handformer
+
+        return handformer.__version__
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``handformer`` parser, one sub-parser per entry of :data:`COMMANDS`.
+
+    Args:
+        command: fill in this sub-command's options only (importing its module and no other;
+            a name that is no sub-command imports none); None: every sub-command's.
+
+    Returns:
+        The parser.
+    """
+    parser = _Parser(prog="handformer", description=DESCRIPTION, epilog=EPILOG)
+    parser.add_argument("--version", action="version", version=f"handformer {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    for name in COMMANDS:
-        module = importlib.import_module(name)
-        p = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
+    for name, module_name, summary in COMMANDS:
+        if command is not None and name != command:
+            sub.add_parser(name, help=summary)  # listed; its options are not needed
+            continue
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(name, help=summary, description=module.HELP)
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
     return parser
+
+
+def _command_of(argv: list[str]) -> str:
+    """The sub-command named in ``argv`` ("" for none): its first word that is no option
+    (the top-level options, --help and --version, take no value)."""
+    return next((a for a in argv if not a.startswith("-")), "")
 
 
 def _warning_as_note(message: Warning | str, category: type[Warning], filename: str,
@@ -68,7 +114,8 @@ def _warning_as_note(message: Warning | str, category: type[Warning], filename: 
 
 
 def _run(argv: list[str] | None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    parser = build_parser(_command_of(argv))
     args = parser.parse_args(argv)
     try:
         with warnings.catch_warnings():  # restores the hook below when the command ends
@@ -76,7 +123,7 @@ def _run(argv: list[str] | None) -> int:
             return int(args._run(args) or 0)
     except BrokenPipeError:
         raise  # handled by main(): not a usage error
-    except (UsageError, ValueError, TypeError, OSError) as exc:
+    except (UsageError, ValueError, TypeError, OSError, ModuleNotFoundError) as exc:
         message = " ".join(str(exc).split())  # one line
         sys.stderr.write(f"handformer {args.command}: error: {message}\n")
         return EXIT_USAGE

@@ -6,7 +6,8 @@ its chat template) until ``/reset``; ``/exit`` or Ctrl+D leaves. A base model (n
 template, e.g. ``gemma3-270m``) is refused in one line: use ``generate --prompt``.
 
 ``--model`` takes what ``load_lm`` reads: a shipped name (``smollm2-135m-instruct``), a
-``.gguf`` file or a Hugging Face causal-LM folder.
+``.gguf`` file or a Hugging Face causal-LM folder. ``--stop``, ``--repetition-penalty``,
+``--dtype`` and ``--threads`` work as in ``generate``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from handformer.commands.common import UsageError, add_device_argument, resolve_device
+from handformer.commands.common import (
+    UsageError,
+    add_decoding_options,
+    add_device_argument,
+    apply_decoding_options,
+    resolve_device,
+)
 
 NAME = "chat"
 HELP = "Chat with an instruct model (a shipped name, a .gguf file or a model folder)."
@@ -42,10 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="nucleus sampling threshold in (0, 1]")
     parser.add_argument("--seed", type=int, default=0, metavar="S",
                         help="random seed for sampling (default 0)")
+    add_decoding_options(parser)
     add_device_argument(parser)
 
 
-def open_session(args: argparse.Namespace, max_new_tokens: int) -> object:
+def open_session(args: argparse.Namespace, max_new_tokens: int, *, dtype: object = None
+                 ) -> object:
     """Load ``args.model`` and start a :class:`~handformer.pretrained.chat.ChatSession`.
 
     Raises:
@@ -55,12 +64,13 @@ def open_session(args: argparse.Namespace, max_new_tokens: int) -> object:
     from handformer.pretrained.chat import ChatSession, check_chat_model
 
     device = resolve_device(args.device)
-    model, tokenizer = load_lm(args.model, device=device)
+    model, tokenizer = load_lm(args.model, device=device, dtype=dtype)
     try:
         check_chat_model(tokenizer, str(args.model))
         return ChatSession(model, tokenizer, system=args.system, max_new_tokens=max_new_tokens,
                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                           seed=args.seed, source=str(args.model))
+                           seed=args.seed, source=str(args.model), stop=args.stop,
+                           repetition_penalty=args.repetition_penalty)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -79,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= args.max_new_tokens <= MAX_INT:
         raise UsageError(f"--max-new-tokens must be an integer in [1, {MAX_INT}], got "
                          f"{args.max_new_tokens}")
-    session = open_session(args, args.max_new_tokens)
+    dtype = apply_decoding_options(args)
+    session = open_session(args, args.max_new_tokens, dtype=dtype)
     interactive = sys.stdin.isatty()
     if interactive:
         sys.stderr.write("Type a message; /reset forgets the conversation, /exit or Ctrl+D "

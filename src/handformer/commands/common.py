@@ -7,6 +7,8 @@
   to stderr so that what a command prints on stdout (JSON, generated text) stays clean.
 * :func:`add_device_argument` and :func:`resolve_device` -- the ``--device auto|cpu|cuda``
   option (``cuda:N`` picks a GPU), one resolution for every command that runs a model.
+* :func:`add_decoding_options` and :func:`apply_decoding_options` -- ``--dtype``,
+  ``--threads``, ``--stop``, ``--repetition-penalty``, shared by ``generate`` and ``chat``.
 * :func:`flag_error`, :func:`check_attention_flags`, :func:`check_sampling_flags` -- the
   library's rules for attention kinds and sampling options (the same the server applies),
   with their errors in the command line's words (``--window-size``, not ``window_size``).
@@ -26,7 +28,8 @@ from handformer.checks import OptionError
 
 __all__ = ["UsageError", "note", "add_device_argument", "resolve_device", "DEVICE_HELP",
            "causal_choices", "model_choices", "is_causal_model", "flag_error",
-           "check_attention_flags", "check_sampling_flags"]
+           "check_attention_flags", "check_sampling_flags", "add_decoding_options",
+           "apply_decoding_options"]
 
 DEVICE_HELP = ("where the model runs: auto (CUDA if available, else CPU), cpu, cuda or cuda:N "
                "(default auto)")
@@ -185,3 +188,46 @@ def check_sampling_flags(**options: object) -> None:
                              "leave out --temperature, --top-k and --top-p: greedy decoding "
                              "is the default") from None
         raise flag_error(exc) from None
+
+
+DTYPES = ("float32", "bfloat16")
+
+
+def add_decoding_options(parser: argparse.ArgumentParser) -> None:
+    """``--dtype``, ``--threads``, ``--stop`` (repeatable), ``--repetition-penalty``: what
+    ``generate`` and ``chat`` share (checked by :func:`apply_decoding_options`)."""
+    parser.add_argument("--dtype", choices=DTYPES, default="float32",
+                        help="the weights' dtype: float32 (default) or bfloat16 (half the "
+                             "memory; slightly different numbers)")
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="CPU threads for the model (default: PyTorch's choice, usually "
+                             "the number of cores)")
+    parser.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                        help="stop when the generated text contains TEXT (not printed); "
+                             "repeat for several")
+    parser.add_argument("--repetition-penalty", type=float, default=None, metavar="P",
+                        help="lower the scores of tokens already in the text: a positive "
+                             "score is divided by P, a negative one multiplied (as in "
+                             "transformers; > 1 discourages repeats, e.g. 1.1; default off)")
+
+
+def apply_decoding_options(args: argparse.Namespace) -> torch.dtype:
+    """Check :func:`add_decoding_options`' flags (before the slow model load), set the
+    thread count, and return the dtype.
+
+    Raises:
+        UsageError: naming the flag and the value.
+    """
+    import torch
+
+    from handformer.checks import MAX_INT
+
+    if args.threads is not None:
+        if not 1 <= args.threads <= MAX_INT:
+            raise UsageError(f"--threads must be an integer in [1, {MAX_INT}], got "
+                             f"{args.threads}")
+        torch.set_num_threads(args.threads)
+    if args.stop is not None and not all(args.stop):
+        raise UsageError("--stop must be non-empty text, got ''")
+    check_sampling_flags(repetition_penalty=args.repetition_penalty)
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]

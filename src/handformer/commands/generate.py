@@ -11,7 +11,10 @@ character vocabulary ``vocab.json`` the trainer saves.
 Greedy decoding by default; ``--temperature``, ``--top-k`` or ``--top-p`` switch to sampling,
 seeded by ``--seed`` (same seed, same text on one device). Without ``--max-new-tokens`` it
 makes up to 50 tokens, fewer where the model's context ends (with a note on stderr).
-``--device`` picks where the model runs (see :mod:`handformer.commands.common`).
+``--stop TEXT`` (repeatable) ends the text before TEXT; ``--repetition-penalty`` lowers the
+scores of tokens already present (transformers' rule); ``--dtype bfloat16`` halves the
+weights' memory; ``--threads`` sets PyTorch's CPU threads. ``--device`` picks where the model
+runs (see :mod:`handformer.commands.common`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from pathlib import Path
 
 from handformer.commands.common import (
     UsageError,
+    add_decoding_options,
     add_device_argument,
+    apply_decoding_options,
     check_sampling_flags,
     note,
     resolve_device,
@@ -61,13 +66,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="nucleus sampling threshold in (0, 1]")
     parser.add_argument("--seed", type=int, default=0, metavar="S",
                         help="random seed for sampling, 0 to 2**63 - 1 (default 0)")
+    add_decoding_options(parser)
     parser.add_argument("--no-cache", action="store_true",
                         help="recompute the whole sequence at every step (slow; for checks)")
     add_device_argument(parser)
 
 
 def load_model_and_tokenizer(source: str | Path, *, command: str = "generate",
-                             device: object = "cpu") -> tuple[object, object]:
+                             device: object = "cpu", dtype: object = None
+                             ) -> tuple[object, object]:
     """The model and tokenizer of ``--model`` (see the module docstring), through
     :func:`handformer.pretrained.load_lm`.
 
@@ -95,7 +102,7 @@ def load_model_and_tokenizer(source: str | Path, *, command: str = "generate",
     folder = path if path.is_dir() else path.parent
     with warnings.catch_warnings():  # a missing tokenizer is said below, in one line
         warnings.filterwarnings("ignore", message=".*has no tokenizer.*")
-        model, tokenizer = load_lm(source, device=device)
+        model, tokenizer = load_lm(source, device=device, dtype=dtype)
     if tokenizer is None and (folder / "vocab.json").is_file():
         from handformer.train.data import CharVocab
 
@@ -108,10 +115,16 @@ def load_model_and_tokenizer(source: str | Path, *, command: str = "generate",
 
 class _TextStream:
     """Print the prompt, then the text of the generated ids as it grows (whole characters
-    only; the end-of-text token is not printed). ``count`` is the number of tokens seen."""
+    only; the end-of-text token is not printed; text that may begin a ``stop`` string is held
+    back, and the text ends before one). ``count`` is the number of tokens seen."""
 
-    def __init__(self, tokenizer: object, prompt: str, eos: int | None, out: object) -> None:
+    def __init__(self, tokenizer: object, prompt: str, eos: int | None, out: object,
+                 stop: list[str] | None = None) -> None:
         self.tokenizer, self.prompt, self.eos, self.out = tokenizer, prompt, eos, out
+        from handformer.models.generation import stop_position  # imports torch: here
+
+        self.stop, self.stop_position = stop or [], stop_position
+        self.stopped = False
         self.ids: list[int] = []
         self.count = 0
         self.printed = -1  # -1: the prompt is not printed yet
@@ -120,21 +133,25 @@ class _TextStream:
         if self.printed < 0:
             self.out.write(self.prompt)
             self.printed = 0
+        if len(text) < self.printed:  # (held-back text is never printed twice)
+            return
         self.out.write(text[self.printed:])
         self.out.flush()
         self.printed = len(text)
 
     def __call__(self, token: object) -> None:
         self.count += 1
-        if int(token[0]) == self.eos:
+        if int(token[0]) == self.eos or self.stopped:
             return
         self.ids.append(int(token[0]))
         text = self.tokenizer.decode(self.ids)
         if not text.endswith("\ufffd"):  # else an incomplete UTF-8 sequence: wait
-            self._write(text)
+            end, self.stopped = self.stop_position(text, self.stop)
+            self._write(text[:end])
 
     def finish(self) -> None:
-        self._write(self.tokenizer.decode(self.ids) if self.ids else "")
+        text = self.tokenizer.decode(self.ids) if self.ids else ""
+        self._write(text[:self.stop_position(text, self.stop)[0]] if self.stopped else text)
         self.out.write("\n")
         self.out.flush()
 
@@ -182,12 +199,13 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     _check_flags(args)
+    dtype = apply_decoding_options(args)
     if args.chat is not None:
-        return _chat_once(args)
+        return _chat_once(args, dtype)
     if args.system is not None:
         raise UsageError("--system goes with --chat (a system message for an instruct model)")
     device = resolve_device(args.device)
-    model, tokenizer = load_model_and_tokenizer(args.model)
+    model, tokenizer = load_model_and_tokenizer(args.model, dtype=dtype)
     model.to(device)
     ids = tokenizer.encode(args.prompt)
     if not ids:
@@ -196,33 +214,35 @@ def run(args: argparse.Namespace) -> int:
     n, cut = new_token_count(args.max_new_tokens, len(ids), max_len)
     do_sample = any(v is not None for v in (args.temperature, args.top_k, args.top_p))
     eos = tokenizer.eos_token_id
-    stream = _TextStream(tokenizer, args.prompt, eos, sys.stdout)
+    stream = _TextStream(tokenizer, args.prompt, eos, sys.stdout, args.stop)
     model.generate(
         torch.tensor([ids], device=device), max_new_tokens=n, do_sample=do_sample,
         temperature=1.0 if args.temperature is None else args.temperature, top_k=args.top_k,
         top_p=args.top_p, eos_token_id=eos,
         generator=torch.Generator(device=device).manual_seed(args.seed),
         use_cache=not args.no_cache, streamer=stream,
+        repetition_penalty=args.repetition_penalty or 1.0, stop=args.stop,
+        tokenizer=tokenizer if args.stop else None,
     )
     stream.finish()
     if cut and n == 0:
         note(f"the prompt ({len(ids)} tokens) fills the model's context of {max_len} tokens; "
              "nothing was generated")
-    elif cut and stream.count == n:  # not stopped earlier by the end-of-text token
+    elif cut and stream.count == n and not stream.stopped:  # not stopped by an end token
         note(f"stopped at the model's context limit: {len(ids)} prompt + {n} new = {max_len} "
              f"tokens (without --max-new-tokens, generate makes up to {DEFAULT_NEW_TOKENS} "
              "tokens, as many as fit)")
     return 0
 
 
-def _chat_once(args: argparse.Namespace) -> int:
+def _chat_once(args: argparse.Namespace, dtype: object) -> int:
     """``generate --chat TEXT``: one turn of :class:`~handformer.pretrained.chat.ChatSession`."""
     from handformer.commands.chat import open_session
 
     if args.no_cache:
         raise UsageError("--no-cache goes with --prompt, not --chat")
     session = open_session(args, CHAT_NEW_TOKENS if args.max_new_tokens is None
-                           else args.max_new_tokens)
+                           else args.max_new_tokens, dtype=dtype)
 
     def write(text: str) -> None:
         sys.stdout.write(text)

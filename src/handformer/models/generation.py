@@ -6,8 +6,11 @@ One step: run the model on the new token(s) (with a :class:`~handformer.attentio
 DecodingCache`, or on the whole sequence without one), take the last position's logits, pick
 the next token (argmax, or a sample from ``softmax(logits / temperature)`` restricted to the
 ``top_k`` most likely tokens and to the smallest set whose probability reaches ``top_p``),
-append it. A sequence that produced ``eos_token_id`` is finished: it gets ``pad_token_id``
-afterwards, and generation stops when every sequence is finished.
+append it. A sequence that produced ``eos_token_id`` (or whose new text holds one of the
+``stop`` strings) is finished: it gets ``pad_token_id`` afterwards, and generation stops when
+every sequence is finished. ``repetition_penalty`` lowers the logits of the tokens already
+in the sequence, as transformers' ``RepetitionPenaltyLogitsProcessor`` does (before the
+temperature): a positive logit is divided by it, a negative one multiplied.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from torch import Tensor, nn
 from handformer.checks import OptionError, check_non_negative_int, check_seed
 from handformer.hooks import hooks_active
 
-__all__ = ["generate", "filter_logits", "check_sampling"]
+__all__ = ["generate", "filter_logits", "check_sampling", "apply_repetition_penalty",
+           "stop_position"]
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -32,14 +36,15 @@ def _check_int(name: str, value: object, minimum: int) -> int:
 
 
 def check_sampling(*, temperature: object = None, top_k: object = None, top_p: object = None,
-                   seed: object = None) -> None:
+                   seed: object = None, repetition_penalty: object = None) -> None:
     """The one rule for sampling options, used by :func:`generate`, ``handformer generate``
     and the server's ``/api/generate`` (None = not given).
 
     * ``temperature``: a finite number > 0 (NaN, infinities, 0 and negatives refused);
     * ``top_k``: an integer in ``1 .. 2**31 - 1``;
     * ``top_p``: a number in ``(0, 1]``;
-    * ``seed``: an integer in ``0 .. 2**63 - 1`` (:func:`handformer.checks.check_seed`).
+    * ``seed``: an integer in ``0 .. 2**63 - 1`` (:func:`handformer.checks.check_seed`);
+    * ``repetition_penalty``: a finite number > 0 (1 = no penalty).
 
     Raises:
         ValueError: an :class:`~handformer.checks.OptionError` naming the first bad option.
@@ -60,6 +65,59 @@ def check_sampling(*, temperature: object = None, top_k: object = None, top_p: o
         raise OptionError("top_p", f"must be in (0, 1], got {top_p!r}")
     if seed is not None:
         check_seed(seed)
+    if repetition_penalty is not None and (
+            isinstance(repetition_penalty, bool)
+            or not isinstance(repetition_penalty, (int, float))
+            or not math.isfinite(repetition_penalty) or not repetition_penalty > 0):
+        raise OptionError("repetition_penalty", f"must be a finite number > 0 (1 = no "
+                                                f"penalty), got {repetition_penalty!r}")
+
+
+def apply_repetition_penalty(logits: Tensor, ids: Tensor, penalty: float) -> Tensor:
+    """Penalize the tokens already present, as transformers' repetition penalty does.
+
+    Args:
+        logits: ``(B, V)`` next-token scores.
+        ids: ``(B, N)`` the tokens so far (prompt included).
+        penalty: > 1 discourages repeats, < 1 encourages them, 1 changes nothing.
+
+    Returns:
+        ``(B, V)`` logits where each token of ``ids`` has its logit divided by ``penalty``
+        if positive, multiplied by it if negative (once, however often it occurred).
+    """
+    score = logits.gather(-1, ids)  # (B, N)
+    score = torch.where(score < 0, score * penalty, score / penalty)
+    return logits.scatter(-1, ids, score)  # repeated ids write the same value
+
+
+def stop_position(text: str, stop: Sequence[str]) -> tuple[int, bool]:
+    """How much of a generated ``text`` may be shown, given ``stop`` strings.
+
+    Returns:
+        ``(end, stopped)``: where the first stop string starts and True when one occurs
+        (the text ends there; the stop string is not shown, as in llama.cpp and Ollama);
+        else ``len(text)`` less the longest tail that could begin a stop string (held
+        back until later text decides), and False.
+    """
+    found = [i for i in (text.find(s) for s in stop) if i >= 0]
+    if found:
+        return min(found), True
+    held = max((k for s in stop for k in range(min(len(s) - 1, len(text)), 0, -1)
+                if text.endswith(s[:k])), default=0)
+    return len(text) - held, False
+
+
+def _check_stop(stop: object, tokenizer: object) -> list[str]:
+    """``stop`` as a list of non-empty strings (empty for None); they need a tokenizer."""
+    if stop is None:
+        return []
+    if isinstance(stop, str) or not isinstance(stop, (list, tuple)) or not all(
+            isinstance(s, str) and s for s in stop):
+        raise ValueError(f"stop must be a list of non-empty strings, got {stop!r:.80}")
+    if stop and not callable(getattr(tokenizer, "decode", None)):
+        raise ValueError("stop strings need the tokenizer (tokenizer=..., with decode(ids)) "
+                         "to read the generated text")
+    return list(stop)
 
 
 def _check_settings(do_sample: bool, temperature: float, top_k: int | None,
@@ -108,7 +166,9 @@ def generate(model: nn.Module, input_ids: Tensor, *, max_new_tokens: int,
              pad_token_id: int | None = None, attention_mask: Tensor | None = None,
              generator: torch.Generator | None = None, use_cache: bool = True,
              streamer: Callable[[Tensor], None] | None = None, plain_step: bool = True,
-             compile: bool = False, compile_backend: str = "inductor") -> Tensor:
+             compile: bool = False, compile_backend: str = "inductor",
+             repetition_penalty: float = 1.0, stop: Sequence[str] | None = None,
+             tokenizer: object = None) -> Tensor:
     """Generate up to ``max_new_tokens`` tokens after each prompt.
 
     The model runs in eval mode (no dropout) and under ``torch.inference_mode``; its mode is
@@ -148,6 +208,13 @@ def generate(model: nn.Module, input_ids: Tensor, *, max_new_tokens: int,
             :class:`~handformer.CausalLM` whose attention is full or linear.
         compile_backend: the ``torch.compile`` backend (``"inductor"``; ``"aot_eager"``
             traces the same graph without code generation, for tests).
+        repetition_penalty: divides the positive logits (multiplies the negative ones) of
+            every token already in the sequence, prompt included, before the temperature
+            (transformers' definition; 1 = off, > 1 discourages repeats).
+        stop: strings that finish a sequence once its new text holds one (decoded with
+            ``tokenizer``). The returned ids include the token that completed it; cut the
+            text with :func:`stop_position`.
+        tokenizer: decodes ids (``decode(list_of_ids)``); needed with ``stop``.
 
     Returns:
         ``(B, L + n)`` prompt plus generated ids, ``n <= max_new_tokens`` (fewer when every
@@ -155,13 +222,18 @@ def generate(model: nn.Module, input_ids: Tensor, *, max_new_tokens: int,
 
     Raises:
         ValueError: for ``max_new_tokens < 0``, ``temperature <= 0`` with sampling,
-            ``top_k < 1``, ``top_p`` outside (0, 1], token ids outside the vocabulary, a
+            ``top_k < 1``, ``top_p`` outside (0, 1], ``repetition_penalty`` not a finite
+            number > 0, ``stop`` not a list of non-empty strings (or without a tokenizer,
+            or with several prompts and nothing to pad with), token ids outside the
+            vocabulary, a
             prompt that with ``max_new_tokens`` does not fit in the context ``max_len``,
             or ``compile=True`` without a cache or with an attention kind it cannot compile.
         TypeError: for a ``generator`` that is not a ``torch.Generator``.
     """
     _check_int("max_new_tokens", max_new_tokens, 0)
     _check_settings(do_sample, temperature, top_k, top_p)
+    check_sampling(repetition_penalty=repetition_penalty)
+    stops = _check_stop(stop, tokenizer)
     config = model.config
     eos_ids = _eos_ids(eos_token_id)
     for name, value in [("eos_token_id", i) for i in eos_ids] + [("pad_token_id", pad_token_id)]:
@@ -187,13 +259,17 @@ def generate(model: nn.Module, input_ids: Tensor, *, max_new_tokens: int,
     run = _compiled_run(model, compile, compile_backend, use_cache)
     pad = (eos_ids[0] if eos_ids else None) if pad_token_id is None else pad_token_id
     eos = torch.tensor(eos_ids, dtype=torch.long, device=input_ids.device) if eos_ids else None
+    if stops and B > 1 and pad is None:
+        raise ValueError("stop with several prompts needs pad_token_id (or eos_token_id) to "
+                         "fill the sequences that stopped")
+    ends = _Ends(eos, stops, tokenizer, L, float(repetition_penalty))
 
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():
             ids = _loop(model, input_ids, attention_mask, max_new_tokens, do_sample,
-                        temperature, top_k, top_p, eos, pad, generator, use_cache,
+                        temperature, top_k, top_p, ends, pad, generator, use_cache,
                         streamer, run, plain_step and run is None)
     finally:
         model.train(was_training)
@@ -262,7 +338,7 @@ def _static_capacity(needed: int, max_len: int) -> int:
 
 def _loop(model: nn.Module, ids: Tensor, mask: Tensor | None, max_new_tokens: int,
           do_sample: bool, temperature: float, top_k: int | None, top_p: float | None,
-          eos: Tensor | None, pad: int | None, generator: torch.Generator | None,
+          ends: _Ends, pad: int | None, generator: torch.Generator | None,
           use_cache: bool, streamer: Callable[[Tensor], None] | None,
           run: Callable[..., tuple[Tensor, object]] | None, plain: bool) -> Tensor:
     B, L = ids.shape
@@ -297,23 +373,46 @@ def _loop(model: nn.Module, ids: Tensor, mask: Tensor | None, max_new_tokens: in
         else:
             logits = model(token[:, None], cache=cache).logits[:, -1]
         logits = logits.float()  # (B, V)
+        if ends.penalty != 1.0:
+            logits = apply_repetition_penalty(logits, out[:, :n], ends.penalty)
         if do_sample:
             logits = filter_logits(logits / temperature, top_k=top_k, top_p=top_p)
             probs = torch.softmax(logits, dim=-1)  # (B, V)
             token = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (B,)
         else:
             token = logits.argmax(dim=-1)  # (B,)
-        if eos is not None:
+        if ends.active and pad is not None:
             token = token.masked_fill(finished, pad)
         out[:, n] = token
         n += 1
         if streamer is not None:
             streamer(token)
-        if eos is not None:
-            finished |= torch.isin(token, eos)
+        if ends.active:
+            finished |= ends.finished(token, out[:, :n])
             if bool(finished.all()):
                 break
     return out[:, :n]
+
+
+class _Ends:
+    """What finishes a sequence: an end token, or a stop string in its new text; and the
+    repetition penalty (carried along with them to keep ``_loop``'s arguments few)."""
+
+    def __init__(self, eos: Tensor | None, stop: list[str], tokenizer: object, prompt_len: int,
+                 penalty: float) -> None:
+        self.eos, self.stop, self.tokenizer = eos, stop, tokenizer
+        self.prompt_len, self.penalty = prompt_len, penalty
+        self.active = eos is not None or bool(stop)
+
+    def finished(self, token: Tensor, ids: Tensor) -> Tensor:
+        """``(B,)`` True where ``token`` (``(B,)``) ends its sequence; ``ids`` is ``(B, n)``."""
+        done = torch.isin(token, self.eos) if self.eos is not None else \
+            torch.zeros_like(token, dtype=torch.bool)
+        if self.stop:
+            new = ids[:, self.prompt_len:].tolist()  # (B, n - L) the generated ids
+            hits = [stop_position(self.tokenizer.decode(row), self.stop)[1] for row in new]
+            done |= torch.tensor(hits, device=token.device)
+        return done
 
 
 def _eos_ids(eos_token_id: object) -> list:

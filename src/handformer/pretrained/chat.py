@@ -14,9 +14,11 @@ template: such a model continues text (``generate --prompt``); it does not chat.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
+
+from handformer.models.generation import check_sampling, stop_position
 
 __all__ = ["ChatSession", "check_chat_model", "TextStream"]
 
@@ -42,11 +44,13 @@ class TextStream:
         tokenizer: decodes ids (``decode(ids)``).
         stop_ids: ids that end the text (not shown).
         on_text: called with each new piece of text.
+        stop: strings that end the text (not shown; text that may begin one is held back).
     """
 
     def __init__(self, tokenizer: object, stop_ids: set[int],
-                 on_text: Callable[[str], None] | None) -> None:
+                 on_text: Callable[[str], None] | None, stop: Sequence[str] = ()) -> None:
         self.tokenizer, self.stop_ids, self.on_text = tokenizer, stop_ids, on_text
+        self.stop = list(stop)
         self.ids: list[int] = []
         self.shown = 0  # characters passed to on_text so far
         self.stopped = False
@@ -62,7 +66,8 @@ class TextStream:
         self.ids.append(token_id)
         text = self.tokenizer.decode(self.ids)
         if not text.endswith("\ufffd"):  # else an incomplete UTF-8 character: wait for more
-            self._show(text)
+            end, self.stopped = stop_position(text, self.stop)
+            self._show(text[:end])
 
     def _show(self, text: str) -> None:
         if self.on_text is not None and len(text) > self.shown:
@@ -72,6 +77,8 @@ class TextStream:
     def text(self) -> str:
         """All the text so far (flushing what was held back)."""
         text = self.tokenizer.decode(self.ids) if self.ids else ""
+        end, stopped = stop_position(text, self.stop)
+        text = text[:end] if stopped else text
         self._show(text)
         return text
 
@@ -88,6 +95,9 @@ class ChatSession:
         seed: seeds sampling (each reply draws from one generator, so a conversation replays
             the same).
         source: the model's name, for messages.
+        stop: strings that end a reply (left out of it).
+        repetition_penalty: as :func:`~handformer.models.generation.generate` applies it
+            (None: off).
 
     Raises:
         ValueError: for a tokenizer without a chat template, ``max_new_tokens < 1`` or
@@ -97,7 +107,8 @@ class ChatSession:
     def __init__(self, model: torch.nn.Module, tokenizer: object, *, system: str | None = None,
                  max_new_tokens: int = 256, temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None, seed: int = 0,
-                 source: str = "this model") -> None:
+                 source: str = "this model", stop: Sequence[str] | None = None,
+                 repetition_penalty: float | None = None) -> None:
         check_chat_model(tokenizer, source)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
                 or max_new_tokens < 1:
@@ -108,6 +119,9 @@ class ChatSession:
         self.system = system
         self.max_new_tokens = max_new_tokens
         self.sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
+        check_sampling(repetition_penalty=repetition_penalty)
+        self.stop = [] if stop is None else list(stop)
+        self.repetition_penalty = 1.0 if repetition_penalty is None else repetition_penalty
         self.generator = torch.Generator(device=_device(model)).manual_seed(seed)
         self.messages: list[dict[str, str]] = []
         self.reset()
@@ -156,7 +170,7 @@ class ChatSession:
                              f"context max_len={max_len} of {self.source}; reset it "
                              "(/reset in `handformer chat`)")
         stops = self.stop_ids()
-        stream = TextStream(self.tokenizer, stops, on_text)
+        stream = TextStream(self.tokenizer, stops, on_text, self.stop)
         do_sample = any(v is not None for v in self.sampling.values())
         temperature = self.sampling["temperature"]
         self.model.generate(
@@ -164,7 +178,9 @@ class ChatSession:
             max_new_tokens=min(self.max_new_tokens, room), do_sample=do_sample,
             temperature=1.0 if temperature is None else temperature,
             top_k=self.sampling["top_k"], top_p=self.sampling["top_p"],
-            eos_token_id=sorted(stops) or None, generator=self.generator, streamer=stream)
+            eos_token_id=sorted(stops) or None, generator=self.generator, streamer=stream,
+            repetition_penalty=self.repetition_penalty, stop=self.stop or None,
+            tokenizer=self.tokenizer)
         reply = stream.text()
         self.messages = [*messages, {"role": "assistant", "content": reply}]
         return reply

@@ -399,19 +399,20 @@ def _sibling(name: str) -> ModuleType:
 
 
 def _shipped() -> dict[str, object]:
-    try:
-        return dict(_sibling("gguf.shipped").SHIPPED)
-    except ImportError:
-        return {}
+    return dict(_sibling("gguf.shipped").SHIPPED)  # standard library only: always there
 
 
 def shipped_names() -> list[str]:
-    """The shipped models' names (empty when the GGUF package is not there)."""
+    """The shipped models' names (installed or not: loading one that is not says how to
+    install it)."""
     return list(_shipped())
 
 
 def _not_found(source: object) -> FileNotFoundError:
-    names = ", ".join(_shipped()) or "none installed"
+    if Path(source).suffix.lower() == ".gguf":
+        return FileNotFoundError(f"{source}: no such file (a .gguf file was named, and "
+                                 "nothing is there)")
+    names = ", ".join(_shipped())
     return FileNotFoundError(
         f"no checkpoint folder at {source}: handformer reads local folders (config.json + "
         f"model.safetensors), .gguf files and shipped names ({names}), never a model hub. "
@@ -489,6 +490,10 @@ def load_lm(source: str | os.PathLike, *, dtype: torch.dtype | None = None,
     Raises:
         FileNotFoundError: for nothing at ``source`` (the message says what is read), a
             folder without config or weights.
+            A shipped name that is not installed, or whose package is missing, names the
+            one command that installs it.
+        ModuleNotFoundError: for a ``.gguf`` file where the ``llm`` extra is not installed
+            (naming the pip line).
         ValueError: for an unknown ``model_type`` (naming every supported one), a config
             field handformer cannot honour (naming it and its value).
         CheckpointError: (a ``ValueError``) for pickle checkpoints (with the conversion),
@@ -580,10 +585,21 @@ def folder_tokenizer(folder: Path, data: Mapping[str, object]) -> object | None:
 def _load_gguf(path: Path, *, dtype: torch.dtype, device: object, attention: object,
                tokenizer: bool) -> tuple[CausalLM, object | None]:
     """A ``.gguf`` file through :mod:`handformer.pretrained.gguf`."""
+    missing = _sibling("gguf.shipped").missing_libraries()
+    if missing:
+        raise ModuleNotFoundError(f"reading {path} needs the llm extra's libraries: "
+                                  f"pip install {' '.join(repr(p) for p in missing)} (in a "
+                                  "handformer checkout: make llm)")
     file = _sibling("gguf.reader").read_gguf(path)
     hf_config, state = _sibling("gguf.convert").gguf_state(file, dtype=dtype)  # lazy
-    model = build_causal_lm(hf_config, state, source=str(path), dtype=dtype, device=device,
-                            attention=attention)
+    try:
+        model = build_causal_lm(hf_config, state, source=str(path), dtype=dtype,
+                                device=device, attention=attention)
+    except CheckpointError:
+        raise
+    except ValueError as exc:  # a config the converter's per-key checks let through
+        raise CheckpointError(f"{path}: its metadata gives a config handformer cannot run: "
+                              f"{exc}") from None
     del state
     if not tokenizer:
         return model, None

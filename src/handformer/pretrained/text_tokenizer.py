@@ -48,7 +48,10 @@ class TextTokenizer(LMTokenizer):
         byte-level BPE (:func:`byte_level_bpe`). Special tokens as
         :meth:`LMTokenizer.from_folder` reads them; ``eos_token_id`` (e.g. ``config.json``'s)
         comes first among the EOS ids, and ``<|endoftext|>`` is the EOS when nothing names
-        one. :func:`missing_tokenizer_note` says what is missing when this returns None.
+        one. Special ids that are not ids of the vocabulary (config.json's GPT-2 defaults
+        under a retrained vocabulary) are left out with a one-line warning, as transformers
+        loads such folders. :func:`missing_tokenizer_note` says what is missing when this
+        returns None.
 
         Raises:
             ValueError: if the tokenizer files exist but cannot be read.
@@ -57,12 +60,10 @@ class TextTokenizer(LMTokenizer):
         vocab, merges = (folder / name for name in BPE_FILES)
         if not ((folder / TOKENIZER_NAME).is_file() or (vocab.is_file() and merges.is_file())):
             return None
-        options = read_folder(folder)
-        tokenizer = options.pop("tokenizer")
+        options = read_folder(folder, eos_first=eos_token_id)  # ids beyond the vocabulary:
+        tokenizer = options.pop("tokenizer")  # left out there, with a warning
         eos = list(options.pop("eos_token_ids"))
-        if eos_token_id is not None:
-            eos = [eos_token_id, *eos]
-        elif not eos and tokenizer.token_to_id(EOS_TOKEN) is not None:
+        if not eos and tokenizer.token_to_id(EOS_TOKEN) is not None:
             eos = [tokenizer.token_to_id(EOS_TOKEN)]
         if options["bos_token_id"] is None and eos:
             options["bos_token_id"] = eos[0]

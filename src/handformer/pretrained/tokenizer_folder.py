@@ -18,15 +18,49 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["read_folder", "read_json", "byte_level_bpe"]
+__all__ = ["read_folder", "read_json", "byte_level_bpe", "keep_vocabulary_ids"]
 
 EOS_TOKEN = "<|endoftext|>"
 
 SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token")
 
 
-def read_folder(folder: Path) -> dict[str, object]:
-    """The keyword arguments of :class:`LMTokenizer` for a model folder.
+def keep_vocabulary_ids(options: dict[str, object], size: int, source: str) -> dict[str, object]:
+    """Leave out the special ids of :class:`LMTokenizer` keyword arguments that are not ids of
+    a ``size``-token vocabulary, with one warning line naming them (transformers loads such
+    folders too: a retrained vocabulary under config.json's default GPT-2 ids, 50256).
+
+    Returns:
+        ``options``, changed in place: bad ids None or dropped from ``eos_token_ids``, and
+        ``add_bos_token`` / ``add_eos_token`` off where their id went.
+    """
+    def valid(i: object) -> bool:
+        return isinstance(i, int) and not isinstance(i, bool) and 0 <= i < size
+
+    dropped = []
+    for key in ("bos_token_id", "pad_token_id", "unk_token_id"):
+        if options.get(key) is not None and not valid(options[key]):
+            dropped.append(f"{key} {options[key]}")
+            options[key] = None
+    eos = list(options.get("eos_token_ids") or [])
+    dropped += [f"eos_token_id {i}" for i in dict.fromkeys(i for i in eos if not valid(i))]
+    options["eos_token_ids"] = [i for i in eos if valid(i)]
+    if dropped:
+        import warnings
+
+        warnings.warn(f"{source}: special token ids outside the vocabulary (0 ... {size - 1}) "
+                      f"left out: {', '.join(dropped)}", stacklevel=4)
+    options["add_bos_token"] = bool(options.get("add_bos_token")) and \
+        options.get("bos_token_id") is not None
+    options["add_eos_token"] = bool(options.get("add_eos_token")) and bool(
+        options["eos_token_ids"])
+    return options
+
+
+def read_folder(folder: Path, *, eos_first: int | None = None) -> dict[str, object]:
+    """The keyword arguments of :class:`LMTokenizer` for a model folder (``eos_first``: an
+    EOS id to put first, e.g. config.json's). Special ids that are not ids of the vocabulary
+    are left out with a one-line warning (:func:`keep_vocabulary_ids`).
 
     Raises:
         FileNotFoundError: if the folder has no tokenizer files.
@@ -62,10 +96,13 @@ def read_folder(folder: Path) -> dict[str, object]:
         tokenizer.post_processor = None
         add_bos = bool(want_bos) and ids["bos_token"] is not None
         add_eos = bool(want_eos) and bool(eos)
-    return {"tokenizer": tokenizer, "bos_token_id": ids["bos_token"], "eos_token_ids": eos,
-            "pad_token_id": ids["pad_token"], "unk_token_id": ids["unk_token"],
-            "add_bos_token": add_bos, "add_eos_token": add_eos,
-            "chat_template": _chat_template(folder, config), "name": str(folder)}
+    eos = ([] if eos_first is None else [eos_first]) + eos
+    options = {"tokenizer": tokenizer, "bos_token_id": ids["bos_token"], "eos_token_ids": eos,
+               "pad_token_id": ids["pad_token"], "unk_token_id": ids["unk_token"],
+               "add_bos_token": add_bos, "add_eos_token": add_eos,
+               "chat_template": _chat_template(folder, config), "name": str(folder)}
+    return keep_vocabulary_ids(options, tokenizer.get_vocab_size(with_added_tokens=True),
+                               str(folder))
 
 
 def _backend(folder: Path) -> object:

@@ -104,6 +104,7 @@ class GGUFVocab:
         if self.model == "gpt2" and self.merges is None:
             raise CheckpointError(f"{source}: tokenizer.ggml.merges is missing; a byte-level "
                                   "BPE vocabulary (tokenizer.ggml.model 'gpt2') needs its merges")
+        self.dropped: set[str] = set()  # special ids outside the vocabulary, left out
         self.bos_id = self._id(get, "tokenizer.ggml.bos_token_id")
         self.eos_id = self._id(get, "tokenizer.ggml.eos_token_id")
         self.unk_id = self._id(get, "tokenizer.ggml.unknown_token_id")
@@ -118,9 +119,12 @@ class GGUFVocab:
             self.model == "llama" and self.architecture not in GEMMA_ARCHITECTURES)
         for flag, wanted, token_id in (("bos", self.add_bos, self.bos_id),
                                        ("eos", self.add_eos, self.eos_id)):
-            if wanted and token_id is None:
+            if wanted and token_id is None and f"tokenizer.ggml.{flag}_token_id" not in \
+                    self.dropped:  # (a dropped id is not added: its warning says so)
                 raise CheckpointError(f"{source}: tokenizer.ggml.add_{flag}_token is true but the "
                                       f"file has no tokenizer.ggml.{flag}_token_id")
+        self.add_bos = self.add_bos and self.bos_id is not None
+        self.add_eos = self.add_eos and self.eos_id is not None
         template = get("tokenizer.chat_template")
         self.chat_template = (None if template is None
                               else self._string(template, "tokenizer.chat_template"))
@@ -194,10 +198,12 @@ class GGUFVocab:
         if isinstance(value, bool) or not isinstance(value, int):
             raise CheckpointError(f"{self.source}: {key} must be an integer, got {value!r:.40}")
         if not 0 <= value < len(self.tokens):
-            if value in (-1, 0xFFFFFFFF):  # llama.cpp's "none"
-                return None
-            raise CheckpointError(f"{self.source}: {key} is {value}, outside the vocabulary of "
-                                  f"{len(self.tokens)} tokens")
+            if value not in (-1, 0xFFFFFFFF):  # llama.cpp's "none": left out quietly
+                # llama.cpp leaves such an id out too (with a warning), and loads the file.
+                warnings.warn(f"{self.source}: {key} is {value}, outside the vocabulary of "
+                              f"{len(self.tokens)} tokens; left out", stacklevel=4)
+                self.dropped.add(key)
+            return None
         return value
 
     def _flag(self, get: object, key: str, default: bool) -> bool:

@@ -41,6 +41,7 @@ import torch
 from gguf.constants import GGUFValueType
 
 from handformer.pretrained.families import GGUF_FAMILIES, Family, gguf_family_for
+from handformer.checks import MAX_INT
 from handformer.pretrained.gguf.dequant import dequantize_tensor
 from handformer.pretrained.gguf.reader import GGUFFile, TensorInfo, read_gguf
 from handformer.weights import DTYPE_NAMES
@@ -61,7 +62,7 @@ _MISSING = object()
 
 
 def _int(f: GGUFFile, key: str, default: object = _MISSING, *, low: int = 1,
-         high: int = 1 << 31) -> int:
+         high: int = MAX_INT) -> int:
     """An integer metadata value in ``[low, high]``; the error names the key and the value."""
     if key not in f.metadata:
         if default is _MISSING:
@@ -145,7 +146,7 @@ def _dims(f: GGUFFile, arch: str) -> _Dims:
         raise f.error("token_embd.weight", f"shape {emb.shape} does not match "
                                            f"{arch}.embedding_length={hidden}")
     ff = _int(f, f"{arch}.feed_forward_length", high=1 << 24)
-    context = _int(f, f"{arch}.context_length", 2048, high=1 << 31)
+    context = _int(f, f"{arch}.context_length", 2048)  # at most MAX_INT, as CausalLMConfig
     return _Dims(emb.shape[0], hidden, layers, heads, kv_heads, head_dim, ff, context)
 
 
@@ -162,17 +163,27 @@ def _rope(f: GGUFFile, arch: str, theta: float) -> tuple[dict, dict | None]:
 
 
 def _token_ids(f: GGUFFile, vocab: int) -> dict[str, int]:
-    """BOS/EOS/padding ids; one outside the vocabulary is left out (llama.cpp ignores it too,
-    with a warning), one of the wrong type is refused."""
+    """BOS/EOS/padding ids; one outside the vocabulary (negative ones, llama.cpp's -1 for
+    "none", included) is left out (llama.cpp ignores it too, with a warning: the tokenizer
+    gives that one), one of the wrong type is refused."""
     ids = {}
     for ours, theirs in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                          ("pad_token_id", "padding_token_id")):
         key = f"tokenizer.ggml.{theirs}"
         if key in f.metadata:
-            value = _int(f, key, low=0, high=(1 << 64) - 1)
-            if value < vocab:
+            value = _int(f, key, low=-(1 << 63), high=(1 << 64) - 1)
+            if 0 <= value < vocab:
                 ids[ours] = value
     return ids
+
+
+def _rope_base(f: GGUFFile, arch: str) -> float:
+    """``{arch}.rope.freq_base``: a number > 1 (RoPE's base; 1 or less has no rotation)."""
+    key = f"{arch}.rope.freq_base"
+    theta = _float(f, key, 10_000.0)
+    if theta <= 1:
+        raise f.error(key, f"must be a number > 1 (the RoPE base), got {theta}")
+    return theta
 
 
 def hf_config(f: GGUFFile) -> dict[str, object]:
@@ -207,7 +218,7 @@ def hf_config(f: GGUFFile) -> dict[str, object]:
                 "n_ctx": d.context, "layer_norm_epsilon": eps,
                 "activation_function": "gelu_new", "tie_word_embeddings": tied,
                 **_token_ids(f, d.vocab)}
-    theta = _float(f, f"{arch}.rope.freq_base", 10_000.0)
+    theta = _rope_base(f, arch)
     rope_parameters, rope_scaling = _rope(f, arch, theta)
     eps = _float(f, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
     config: dict[str, object] = {
@@ -232,7 +243,7 @@ def hf_config(f: GGUFFile) -> dict[str, object]:
                           layer_types=["full_attention"] * d.layers)
         return config
     # gemma2, gemma3
-    window = _int(f, f"{arch}.attention.sliding_window", 4096, high=1 << 31)
+    window = _int(f, f"{arch}.attention.sliding_window", 4096)
     large = d.layers == _GEMMA_27B_LAYERS[arch]
     config.update(hidden_activation="gelu_pytorch_tanh", attention_bias=False,
                   sliding_window=window, layer_types=_gemma_layer_types(f, arch, d.layers),

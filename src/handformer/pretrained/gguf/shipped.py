@@ -5,18 +5,29 @@
 with :func:`importlib.util.find_spec`; the Gemma 3 file comes in four chunk packages, joined
 here into a user cache folder (``$XDG_CACHE_HOME/handformer`` or ``~/.cache/handformer``),
 written atomically (a temporary file, its SHA-256 checked, then renamed) and reused after.
+
+This module imports nothing beyond the standard library, so that the names are known (and a
+missing piece is named with the command that installs it) where the ``llm`` extra is not
+installed: :func:`install_command`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.machinery
 import importlib.util
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["SHIPPED", "ShippedModel", "cache_dir", "shipped_path"]
+__all__ = ["LLM_LIBRARIES", "SHIPPED", "ShippedModel", "cache_dir", "install_command",
+           "missing_libraries", "shipped_path"]
+
+# The libraries of the ``llm`` extra that reading a shipped model needs: import name -> pip
+# requirement (pyproject.toml's ``llm`` extra; tests/test_lm_install.py keeps them equal).
+LLM_LIBRARIES = {"gguf": "gguf>=0.17", "jinja2": "jinja2>=3.1"}
+MAKE_LLM = "make llm"  # the Makefile target that installs the extra and both shipped models
 
 
 @dataclass(frozen=True)
@@ -66,23 +77,46 @@ def cache_dir() -> Path:
     return Path(base) / "handformer"
 
 
-def _package_dir(package: str, model: str, pip: str) -> Path:
-    """The folder of an installed package, found without importing it."""
+def _spec(package: str) -> importlib.machinery.ModuleSpec | None:
+    """An installed package's spec, found without importing it (None: not installed)."""
     try:
-        spec = importlib.util.find_spec(package)
+        return importlib.util.find_spec(package)
     except (ImportError, ValueError):
-        spec = None
+        return None
+
+
+def missing_libraries() -> list[str]:
+    """The pip requirements of :data:`LLM_LIBRARIES` that are not installed."""
+    return [pip for module, pip in LLM_LIBRARIES.items() if _spec(module) is None]
+
+
+def install_command(name: str) -> str:
+    """The one shell command that installs what shipped model ``name`` still lacks: the
+    ``llm`` extra's libraries where they are missing, then the model's package."""
+    libraries = missing_libraries()
+    first = f"pip install {' '.join(repr(p) for p in libraries)} && " if libraries else ""
+    return first + SHIPPED[name].pip
+
+
+def _not_installed(name: str, what: str) -> FileNotFoundError:
+    return FileNotFoundError(
+        f"shipped model {name!r} is not installed ({what} missing): install it with "
+        f"`{install_command(name)}` (in a handformer checkout, `{MAKE_LLM}` installs the "
+        "llm extra and both shipped models)")
+
+
+def _package_dir(package: str, model: str) -> Path:
+    """The folder of an installed package, found without importing it."""
+    spec = _spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"shipped model {model!r} needs the package {package}, which is not installed: "
-            f"install it with `{pip}`")
+        raise _not_installed(model, f"the package {package}")
     return Path(next(iter(spec.submodule_search_locations)))
 
 
 def _assemble(name: str, model: ShippedModel) -> Path:
     """Join a model's chunk files into the cache folder (atomic, SHA-256 checked)."""
     target = cache_dir() / model.filename
-    chunks = [_package_dir(pkg, name, model.pip) / "data" / file for pkg, file in model.chunks]
+    chunks = [_package_dir(pkg, name) / "data" / file for pkg, file in model.chunks]
     missing = [str(c) for c in chunks if not c.is_file()]
     if missing:
         raise FileNotFoundError(f"shipped model {name!r}: chunk files missing: "
@@ -121,17 +155,22 @@ def shipped_path(name: str) -> Path:
 
     Raises:
         ValueError: for a name not in ``SHIPPED`` (the message lists them).
-        FileNotFoundError: when the model's package is not installed (the message gives the
-            ``pip install`` line that brings it) or its files are damaged.
+        FileNotFoundError: when the model's package or the ``llm`` extra's libraries are not
+            installed (the message gives the one command that installs them), or its files
+            are damaged.
     """
     model = SHIPPED.get(name)
     if model is None:
         raise ValueError(f"unknown shipped model {name!r}; shipped models: "
                          f"{', '.join(sorted(SHIPPED))}")
+    libraries = missing_libraries()
+    if libraries:
+        raise _not_installed(name, "the llm extra's " + " and ".join(
+            p.split(">")[0] for p in libraries))
     if model.chunks:
-        _package_dir(model.package, name, model.pip)
+        _package_dir(model.package, name)
         return _assemble(name, model)
-    path = _package_dir(model.package, name, model.pip) / model.filename
+    path = _package_dir(model.package, name) / model.filename
     if not path.is_file():
         raise FileNotFoundError(f"shipped model {name!r}: {path} is missing; reinstall with "
                                 f"`{model.pip}`")
