@@ -138,6 +138,10 @@ def _dims(f: GGUFFile, arch: str) -> _Dims:
         head_dim = _int(f, f"{arch}.attention.key_length", high=1 << 20)
     elif arch == "llama" and f"{arch}.rope.dimension_count" in f.metadata:
         head_dim = _int(f, f"{arch}.rope.dimension_count", high=1 << 20)
+    if arch != "gpt2" and head_dim % 2:  # every other family rotates pairs of dims (RoPE)
+        key = (f"{arch}.attention.key_length" if f"{arch}.attention.key_length" in f.metadata
+               else f"{arch}.attention.head_count")
+        raise f.error(key, f"head dim {head_dim} must be even for RoPE")
     value_dim = _int(f, f"{arch}.attention.value_length", head_dim, high=1 << 20)
     if value_dim != head_dim:
         raise f.error(f"{arch}.attention.value_length", f"{value_dim} differs from the key "
