@@ -13,6 +13,7 @@ import functools
 import math
 import os
 import re
+import textwrap
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -76,6 +77,44 @@ def set_column_labels(ax: Axes, labels: Sequence[str], fontsize: float) -> None:
         if has_wide(label):
             text.set_rotation(0)
             text.set_linespacing(1.0)
+
+
+def fit_titles(fig: Figure, *, tries: int = 4) -> Figure:
+    """Wrap the figure's titles (its suptitle, each axes' title) onto more lines until each
+    lies inside the figure: a long model name and attention kind would otherwise be cut at
+    the figure's edges (a title is centred over its axes, which may sit off-centre).
+
+    Returns:
+        ``fig``.
+    """
+    for _ in range(tries):
+        fig.draw_without_rendering()  # lays the figure out: titles get their final place
+        renderer = fig.canvas.get_renderer()
+        width = fig.bbox.width
+        changed = False
+        for text in _titles(fig):
+            box = text.get_window_extent(renderer)
+            if box.width == 0 or (box.x0 >= 0 and box.x1 <= width):
+                continue
+            centre = (box.x0 + box.x1) / 2
+            room = 2 * min(centre, width - centre) * 0.96  # what fits centred where it is
+            lines = text.get_text().split("\n")
+            longest = max(len(line) for line in lines)
+            chars = max(8, int(longest * min(room / box.width, 0.95)))
+            text.set_text("\n".join(textwrap.fill(line, chars) for line in lines))
+            changed = True
+        if not changed:
+            break
+    return fig
+
+
+def _titles(fig: Figure) -> list:  # matplotlib Text objects
+    """The figure's non-empty titles: its suptitle and each axes' centre, left, right title."""
+    found = [fig._suptitle] if fig._suptitle is not None else []
+    for ax in fig.axes:
+        found += [t for t in (ax.title, getattr(ax, "_left_title", None),
+                              getattr(ax, "_right_title", None)) if t is not None]
+    return [t for t in found if t.get_text()]
 
 
 def _one_head(weights: object) -> np.ndarray:
@@ -160,7 +199,7 @@ def plot_attention(weights: object, tokens: Sequence[str], *, ax: Axes | None = 
         n_allowed = int(allowed.sum())
         axes[1].set_title(f"Keys each query may reach: {n_allowed} of {L_q * L_k} pairs "
                           f"({n_allowed / (L_q * L_k):.0%})")
-    return fig
+    return fit_titles(fig)
 
 
 def _pool(w: np.ndarray, size: int) -> np.ndarray:
@@ -242,7 +281,7 @@ def plot_heads(attentions: object, tokens: Sequence[str], *,
     for spine in ax.spines.values():
         spine.set_visible(False)
     fig.suptitle(title or f"Every head, each scaled to its maximum ({L_q} tokens)", fontsize=11)
-    return fig
+    return fit_titles(fig)
 
 
 def _colormap(name: str):  # noqa: ANN202 - matplotlib Colormap
