@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["VIEW_BUDGET", "MIN_TOKENS", "attention_values", "view_limit", "describe_cost"]
+__all__ = ["VIEW_BUDGET", "MIN_TOKENS", "attention_values", "view_limit", "describe_cost",
+           "describe_values"]
 
 # Attention weights one run may hold (layers x heads x tokens^2): about 320 MB of float32.
 # SmolLM2-135M (30 x 9 heads) fits 544 tokens; Gemma 3 270M (18 x 4) 1054; MiniLM its 512.
@@ -40,7 +41,7 @@ def view_limit(num_layers: int, num_heads: int) -> int:
     return max(MIN_TOKENS, math.isqrt(VIEW_BUDGET // max(1, num_layers * num_heads)))
 
 
-def _size(values: int) -> str:
+def describe_values(values: int) -> str:
     """``values`` and their float32 bytes in words, e.g. ``691 M values (2.8 GB)``."""
     count = f"{values / 1e6:.0f} M" if values >= 10_000_000 else f"{values / 1e6:.1f} M"
     size = 4 * values
@@ -51,4 +52,4 @@ def _size(values: int) -> str:
 def describe_cost(num_layers: int, num_heads: int, tokens: int) -> str:
     """The estimate in words, e.g. ``30 layers x 9 heads x 1600² = 691 M values (2.8 GB)``."""
     return (f"{num_layers} layers x {num_heads} heads x {tokens}\u00b2 = "
-            f"{_size(attention_values(num_layers, num_heads, tokens))}")
+            f"{describe_values(attention_values(num_layers, num_heads, tokens))}")

@@ -18,7 +18,7 @@ import numpy as np
 
 from handformer.viz.data import as_attention_layers, summarize
 
-__all__ = ["choose_head", "word_index"]
+__all__ = ["choose_head", "left_out", "word_index"]
 
 
 def word_index(text: str, offsets: Sequence[tuple[int, int]]) -> list[int]:
@@ -38,6 +38,29 @@ def word_index(text: str, offsets: Sequence[tuple[int, int]]) -> list[int]:
         inside = not ch.isspace()
         word_at.append(max(word, 0))
     return [word_at[start] if start < len(word_at) else word + 1 for start, _ in offsets]
+
+
+def left_out(tokens: Sequence[str], special: Sequence[bool] | None = None,
+             unknown: Sequence[bool] | None = None) -> list[bool]:
+    """Per position, whether links to and from it are left out: special tokens (by default
+    labels written like ``[CLS]`` or ``<bos>``) and the model's unknown tokens.
+
+    Args:
+        tokens: one label per position.
+        special: per position, True for special tokens (default: from the labels).
+        unknown: per position, True for the model's unknown token.
+
+    Returns:
+        One bool per position.
+    """
+    if special is None:
+        skip = [len(t) > 2 and t.startswith(("[", "<")) and t.endswith(("]", ">"))
+                for t in tokens]
+    else:
+        skip = [bool(a) for a in special]
+    if unknown is not None:
+        skip = [a or bool(b) for a, b in zip(skip, unknown, strict=True)]
+    return skip
 
 
 def choose_head(attentions: object, tokens: Sequence[str], *,
@@ -68,12 +91,7 @@ def choose_head(attentions: object, tokens: Sequence[str], *,
     N, (H, L, _) = len(x), x[0].shape
     if layer is not None and head is not None:
         return layer, head
-    skip = [False] * L if special is None else list(special)
-    if special is None:
-        skip = [len(t) > 2 and t.startswith(("[", "<")) and t.endswith(("]", ">"))
-                for t in tokens]
-    if unknown is not None:
-        skip = [a or bool(b) for a, b in zip(skip, unknown, strict=True)]
+    skip = left_out(tokens, special, unknown)
     layers = list(x)  # N x (H, L, L): summarize reads a list as one entry per layer
     for distance in (2, 1):
         best = max((s for s in summarize(layers, tokens, special=skip, words=words,

@@ -24,6 +24,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 
 from handformer.viz.data import as_attention_array, as_pattern, check_tokens
 from handformer.viz.files import write_atomic
@@ -81,40 +82,53 @@ def set_column_labels(ax: Axes, labels: Sequence[str], fontsize: float) -> None:
 
 def fit_titles(fig: Figure, *, tries: int = 4) -> Figure:
     """Wrap the figure's titles (its suptitle, each axes' title) onto more lines until each
-    lies inside the figure: a long model name and attention kind would otherwise be cut at
-    the figure's edges (a title is centred over its axes, which may sit off-centre).
+    lies inside the figure, and an axes' title not far over its neighbours: a long model name
+    and attention kind would otherwise be cut at the figure's edges (a title is centred over
+    its axes, which may sit off-centre).
 
     Returns:
         ``fig``.
     """
+    original: dict[int, str] = {}  # id(text) -> its text before wrapping
+    chars: dict[int, int] = {}  # id(text) -> the line length it is wrapped at now
     for _ in range(tries):
-        fig.draw_without_rendering()  # lays the figure out: titles get their final place
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fig.draw_without_rendering()  # lays the figure out: titles get their final place
+        # matplotlib warns of a missing glyph once per text: keep them for save_figure
+        missing = getattr(fig, "_hf_missing_glyphs", [])
+        fig._hf_missing_glyphs = missing + [c for c in _missing_glyphs(caught)
+                                            if c not in missing]
         renderer = fig.canvas.get_renderer()
         width = fig.bbox.width
         changed = False
-        for text in _titles(fig):
+        for text, ax in _titles(fig):
             box = text.get_window_extent(renderer)
-            if box.width == 0 or (box.x0 >= 0 and box.x1 <= width):
-                continue
             centre = (box.x0 + box.x1) / 2
             room = 2 * min(centre, width - centre) * 0.96  # what fits centred where it is
-            lines = text.get_text().split("\n")
-            longest = max(len(line) for line in lines)
-            chars = max(8, int(longest * min(room / box.width, 0.95)))
-            text.set_text("\n".join(textwrap.fill(line, chars) for line in lines))
+            if ax is not None:  # an axes' title: not far over its neighbours either
+                room = min(room, 1.3 * ax.bbox.width)
+            if box.width == 0 or box.width <= room:
+                continue
+            key = id(text)
+            source = original.setdefault(key, text.get_text())
+            longest = max(len(line) for line in text.get_text().split("\n"))
+            chars[key] = max(8, min(int(longest * room / box.width), longest - 1))
+            text.set_text("\n".join(textwrap.fill(line, chars[key])
+                                     for line in source.split("\n")))
             changed = True
         if not changed:
             break
     return fig
 
 
-def _titles(fig: Figure) -> list:  # matplotlib Text objects
-    """The figure's non-empty titles: its suptitle and each axes' centre, left, right title."""
-    found = [fig._suptitle] if fig._suptitle is not None else []
+def _titles(fig: Figure) -> list[tuple[Text, Axes | None]]:
+    """The figure's non-empty titles, each with its axes (None for the suptitle)."""
+    found = [(fig._suptitle, None)] if fig._suptitle is not None else []
     for ax in fig.axes:
-        found += [t for t in (ax.title, getattr(ax, "_left_title", None),
-                              getattr(ax, "_right_title", None)) if t is not None]
-    return [t for t in found if t.get_text()]
+        found += [(t, ax) for t in (ax.title, getattr(ax, "_left_title", None),
+                                    getattr(ax, "_right_title", None)) if t is not None]
+    return [(t, ax) for t, ax in found if t.get_text()]
 
 
 def _one_head(weights: object) -> np.ndarray:
@@ -310,6 +324,24 @@ def figure_format(path: str | os.PathLike[str]) -> str:
     return FIGURE_FORMATS[suffix]
 
 
+def _missing_glyphs(caught: list[warnings.WarningMessage]) -> list[str]:
+    """The characters of matplotlib's "Glyph ... missing from font" warnings among
+    ``caught``, each once; the other warnings are issued again."""
+    missing: list[str] = []
+    for w in caught:
+        m = re.search(r"Glyph \d+ \((.*?)\) missing from font", str(w.message))
+        if m is None:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            continue
+        try:
+            char = m.group(1).encode("ascii", "backslashreplace").decode("unicode_escape")
+        except UnicodeDecodeError:
+            char = m.group(1)
+        if char not in missing:
+            missing.append(char)
+    return missing
+
+
 def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
     """Save ``fig`` atomically at the figure's own size and DPI; returns the path.
 
@@ -327,18 +359,8 @@ def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         written = write_atomic(path, lambda f: fig.savefig(f, format=fmt, dpi=fig.dpi, **extra))
-    missing = []
-    for w in caught:
-        m = re.search(r"Glyph \d+ \((.*?)\) missing from font", str(w.message))
-        if m is None:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        else:
-            try:
-                char = m.group(1).encode("ascii", "backslashreplace").decode("unicode_escape")
-            except UnicodeDecodeError:
-                char = m.group(1)
-            if char not in missing:
-                missing.append(char)
+    missing = list(getattr(fig, "_hf_missing_glyphs", []))  # found while fitting the titles
+    missing += [c for c in _missing_glyphs(caught) if c not in missing]
     if missing:
         warnings.warn(
             f"{len(missing)} character(s) of the tokens have no glyph in the installed fonts "
