@@ -175,17 +175,11 @@ def _check_limits(args: argparse.Namespace, N: int, H: int) -> None:
 def _check_budget(args: argparse.Namespace, name: str, N: int, H: int, L: int) -> None:
     """Refuse, before the model runs, a text whose attention weights would pass the budget
     ``handformer serve`` keeps too (:data:`handformer.viz.budget.VIEW_BUDGET`)."""
-    from handformer.viz.budget import (
-        VIEW_BUDGET,
-        attention_values,
-        describe_cost,
-        describe_values,
-        view_limit,
-    )
+    from handformer.viz.budget import VIEW_BUDGET, describe_cost, describe_values, view_limit
 
-    if attention_values(N, H, L) <= VIEW_BUDGET:
+    limit = view_limit(N, H)  # the server's limit too
+    if L <= limit:
         return
-    limit = view_limit(N, H)
     budget = describe_values(VIEW_BUDGET)
     if args.max_tokens is not None:
         raise UsageError(f"--max-tokens {args.max_tokens} is over the attention budget for "

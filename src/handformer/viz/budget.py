@@ -43,8 +43,10 @@ def view_limit(num_layers: int, num_heads: int) -> int:
 
 def describe_values(values: int) -> str:
     """``values`` and their float32 bytes in words, e.g. ``691 M values (2.8 GB)``."""
-    count = f"{values / 1e6:.0f} M" if values >= 10_000_000 else f"{values / 1e6:.1f} M"
     size = 4 * values
+    if values < 1_000_000:
+        return f"{values} values ({size / 1e3:.0f} kB)"
+    count = f"{values / 1e6:.0f} M" if values >= 10_000_000 else f"{values / 1e6:.1f} M"
     return f"{count} values ({size / 1e9:.1f} GB)" if size >= 1e9 else \
         f"{count} values ({size / 1e6:.0f} MB)"
 

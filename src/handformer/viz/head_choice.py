@@ -92,7 +92,9 @@ def choose_head(attentions: object, tokens: Sequence[str], *,
     if layer is not None and head is not None:
         return layer, head
     skip = left_out(tokens, special, unknown)
-    layers = list(x)  # N x (H, L, L): summarize reads a list as one entry per layer
+    # N x (H, L, L), or N x (1, L, L) for a fixed head: summarize reads a list as one entry
+    # per layer
+    layers = list(x) if head is None else [a[head:head + 1] for a in x]
     for distance in (2, 1):
         best = max((s for s in summarize(layers, tokens, special=skip, words=words,
                                          min_distance=distance, include_sink=include_sink)
