@@ -79,9 +79,12 @@ def describe_pattern(allowed: np.ndarray, kind: str | None = None) -> str:
     L_q, L_k = allowed.shape
     per_query = allowed.sum(axis=1)  # (L_q,)
     total = int(per_query.sum())
+    most = int(per_query.max(initial=0))
+    # a window that covers the whole text leaves some query every key: nothing "instead"
+    reach = (f"at most {most} per query instead of {L_k}" if most < L_k
+             else f"up to all {L_k} keys per query")
     text = (f"Keys each query may reach: {total} of {L_q * L_k} pairs "
-            f"({total / max(L_q * L_k, 1):.0%}); at most {int(per_query.max(initial=0))} per "
-            f"query instead of {L_k}")
+            f"({total / max(L_q * L_k, 1):.0%}); {reach}")
     if kind:
         text = f"{kind}. {text}"
     return text + "."
