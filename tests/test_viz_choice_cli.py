@@ -195,6 +195,7 @@ def test_a_text_over_the_budget_is_refused_up_front(char_lm, tmp_path, capsys, m
     code, out, err = run(capsys, text, "--model", str(char_lm), "--out", str(tmp_path / "b"),
                          "--max-tokens", "25")
     assert code == 2 and not calls
+    assert err.count("\n") == 1  # no note about the cut before the refusal
     assert ("--max-tokens 25 is over the attention budget for gemma3-270m-it-a-rather-long-"
             "model-folder-name: 2 layers x 2 heads x 25\u00b2 = 2500 values (10 kB), more than "
             "the 1600 values (6 kB) viz and serve allow; at most 20 tokens fit this model") in err

@@ -216,16 +216,17 @@ def _run_bert(args: argparse.Namespace, text: str, device: object) -> _Run:
         warnings.simplefilter("always")
         encodings = tokenizer.encode_batch([text])  # truncated to the model's limit, with a warning
     tokens = encodings[0].tokens
+    cut = args.max_tokens is not None and len(tokens) > args.max_tokens
+    _check_budget(args, name, N, H, args.max_tokens if cut else len(tokens))  # before notes
     if any("truncated" in str(w.message) for w in caught):
         note(f"the text is longer than the model's limit of {tokenizer.max_length} tokens; "
              f"only the first {len(tokens)} are shown")
-    if args.max_tokens is not None and len(tokens) > args.max_tokens:
+    if cut:
         _cut_note(args, len(tokens), args.max_tokens)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the truncation warning: noted above
             encodings = tokenizer.encode_batch([text], max_length=args.max_tokens)
         tokens = encodings[0].tokens
-    _check_budget(args, name, N, H, len(tokens))
     batch = {k: v.to(device) for k, v in tokenizer.pad(encodings).items()}  # (1, L) tensors
     with torch.inference_mode():
         result = model(**batch, need_weights=True)
@@ -265,6 +266,9 @@ def _run_causal(args: argparse.Namespace, text: str, device: object) -> _Run:
     ids = tokenizer.encode(text)  # ValueError for characters outside a char vocabulary
     if not ids:
         raise UsageError("TEXT gives no tokens for this model's tokenizer")
+    limit = c.max_len if args.max_tokens is None else min(args.max_tokens, c.max_len)
+    _check_budget(args, Path(args.model).resolve().name, c.num_layers, c.num_heads,
+                  min(len(ids), limit))  # before any note: a refusal is one line
     if args.max_tokens is not None and args.max_tokens < len(ids) and \
             args.max_tokens < c.max_len:
         _cut_note(args, len(ids), args.max_tokens)
@@ -273,7 +277,6 @@ def _run_causal(args: argparse.Namespace, text: str, device: object) -> _Run:
         note(f"the text has {len(ids)} tokens, more than the model's limit of {c.max_len}; "
              f"only the first {c.max_len} are shown")
         ids = ids[:c.max_len]
-    _check_budget(args, Path(args.model).resolve().name, c.num_layers, c.num_heads, len(ids))
     with torch.inference_mode():
         result = model(torch.tensor([ids], device=device), need_weights=True)  # (1, L) ids
     L = len(ids)
@@ -357,7 +360,7 @@ def run(args: argparse.Namespace) -> int:
                           title=f"Attention of {r.name}: {short}",
                           pattern=r.pattern, pattern_label=r.pattern_label,
                           note=f"{r.name} · {r.kind_text}", layer=layer, head=head,
-                          rollout=rollout)
+                          rollout=rollout, include_sink=args.include_sink)
 
     attribution_pngs, attribution_line = [], None
     if args.attribution:

@@ -203,13 +203,14 @@ def _header(state: ModelState, req: RunRequest) -> dict[str, object]:
             "attention": req.attention.as_dict(), "heads_ablated": [list(h) for h in req.heads]}
 
 
-def first_head(attentions: object, enc: Encoded) -> tuple[int, int]:
+def first_head(attentions: object, enc: Encoded, *, include_sink: bool = False
+               ) -> tuple[int, int]:
     """The head ``handformer viz`` would draw for this text (the page opens on it)."""
     from handformer.viz.head_choice import choose_head
 
     words = None if enc.special is not None else label_words(enc.tokens)  # causal models
     return choose_head([a.float().cpu() for a in attentions], enc.tokens, special=enc.special,
-                       words=words, unknown=enc.unknown)
+                       words=words, unknown=enc.unknown, include_sink=include_sink)
 
 
 def _viewer(state: ModelState, req: RunRequest, attentions: object, enc: Encoded,
@@ -223,9 +224,11 @@ def _viewer(state: ModelState, req: RunRequest, attentions: object, enc: Encoded
     note = f"{state.name} \u00b7 {req.attention.describe()}"
     if req.heads:
         note += f" \u00b7 {len(req.heads)} head{'s' * (len(req.heads) != 1)} ablated"
-    layer, head = first_head(attentions, enc) if req.choose_head else (state.num_layers - 1, 0)
+    layer, head = (first_head(attentions, enc, include_sink=req.include_sink)
+                   if req.choose_head else (state.num_layers - 1, 0))
     payload = viewer_payload(attentions, tokens, pattern=pattern, pattern_label=label,
                              note=note, layer=layer, head=head, binary=binary,
+                             include_sink=req.include_sink,
                              compress=False)  # a local connection: raw is faster than deflate
     payload["ablated"] = [list(h) for h in req.heads]
     return payload

@@ -53,5 +53,6 @@ def describe_values(values: int) -> str:
 
 def describe_cost(num_layers: int, num_heads: int, tokens: int) -> str:
     """The estimate in words, e.g. ``30 layers x 9 heads x 1600² = 691 M values (2.8 GB)``."""
-    return (f"{num_layers} layers x {num_heads} heads x {tokens}\u00b2 = "
+    return (f"{num_layers} layer{'s' * (num_layers != 1)} x {num_heads} "
+            f"head{'s' * (num_heads != 1)} x {tokens}\u00b2 = "
             f"{describe_values(attention_values(num_layers, num_heads, tokens))}")
