@@ -229,8 +229,13 @@ def test_max_tokens_cuts_an_encoder_text(tmp_path, capsys):
 
 
 def _outside(fig) -> list[str]:  # noqa: ANN001 - a matplotlib Figure
-    """The titles (suptitle, axes titles) that reach past the figure's left or right edge."""
-    fig.canvas.draw()
+    """The titles (suptitle, axes titles) that reach past the figure's left or right edge, and
+    any warning of the layout (a title so tall that the axes collapse)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     texts = [fig._suptitle] if fig._suptitle is not None else []
     texts += [ax.title for ax in fig.axes]
@@ -239,7 +244,7 @@ def _outside(fig) -> list[str]:  # noqa: ANN001 - a matplotlib Figure
         box = t.get_window_extent(renderer)
         if t.get_text() and (box.x0 < 0 or box.x1 > fig.bbox.width):
             bad.append(f"{t.get_text()!r}: x {box.x0:.0f}..{box.x1:.0f} of {fig.bbox.width:.0f}")
-    return bad
+    return bad + [str(w.message) for w in caught]
 
 
 KIND = "causal attention; 15 of 18 layers see the last 512 tokens (pattern: layer 0)"
@@ -272,9 +277,10 @@ def test_viz_titles_stay_inside_the_figures(char_lm, tmp_path, capsys, monkeypat
     long_text = "the quick brown fox jumps over the lazy dog and then it sleeps"
     folder = tmp_path / ("gemma3-270m-" + "x" * 60)
     shutil.copytree(char_lm, folder)
-    code, out, err = run(capsys, long_text, "--model", str(folder), "--out", str(tmp_path / "o"))
+    code, out, err = run(capsys, long_text, "--model", str(folder), "--out", str(tmp_path / "o"),
+                         "--rollout", "--attribution")
     assert code == 0, err
-    assert len(figures) == 2  # head.png, model.png
+    assert len(figures) == 5  # head.png, model.png, rollout.png, attribution(_heads).png
     for fig in figures:
         assert _outside(fig) == []
     assert figures[0].axes[0].get_title().startswith("gemma3-270m-xxx")  # wrapped, not cut

@@ -80,11 +80,12 @@ def set_column_labels(ax: Axes, labels: Sequence[str], fontsize: float) -> None:
             text.set_linespacing(1.0)
 
 
-def fit_titles(fig: Figure, *, tries: int = 4) -> Figure:
+def fit_titles(fig: Figure, *, tries: int = 4, max_lines: int = 3) -> Figure:
     """Wrap the figure's titles (its suptitle, each axes' title) onto more lines until each
     lies inside the figure, and an axes' title not far over its neighbours: a long model name
     and attention kind would otherwise be cut at the figure's edges (a title is centred over
-    its axes, which may sit off-centre).
+    its axes, which may sit off-centre). A title that would need more than ``max_lines``
+    lines is shortened, ending in "…" (more lines would squeeze a small figure's axes away).
 
     Returns:
         ``fig``.
@@ -111,11 +112,20 @@ def fit_titles(fig: Figure, *, tries: int = 4) -> Figure:
             if box.width == 0 or box.width <= room:
                 continue
             key = id(text)
+            if key not in original and text.get_fontsize() > 8:  # first: a smaller font
+                text.set_fontsize(max(8.0, text.get_fontsize() * max(0.75, room / box.width)))
+                original[key] = text.get_text()
+                changed = True
+                continue
             source = original.setdefault(key, text.get_text())
             longest = max(len(line) for line in text.get_text().split("\n"))
             chars[key] = max(8, min(int(longest * room / box.width), longest - 1))
-            text.set_text("\n".join(textwrap.fill(line, chars[key])
-                                     for line in source.split("\n")))
+            lines = [part for line in source.split("\n")
+                     for part in textwrap.wrap(line, chars[key]) or [""]]
+            if len(lines) > max_lines:
+                lines = lines[:max_lines]
+                lines[-1] = lines[-1][:chars[key] - 1].rstrip() + "\u2026"
+            text.set_text("\n".join(lines))
             changed = True
         if not changed:
             break
@@ -346,7 +356,8 @@ def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
     """Save ``fig`` atomically at the figure's own size and DPI; returns the path.
 
     The format follows the extension: ``.png``, ``.svg``, ``.pdf``, ``.jpg`` / ``.jpeg``
-    (JPEG on a white background, as JPEG has no transparency). Characters no installed font
+    (JPEG on a white background, as JPEG has no transparency). Titles that would reach past
+    the figure's edges are wrapped first (:func:`fit_titles`). Characters no installed font
     can draw (e.g. Chinese without a CJK font) give one :class:`MissingGlyphWarning` instead
     of matplotlib's warning per glyph.
 
@@ -356,6 +367,7 @@ def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
     """
     fmt = figure_format(path)
     extra = {"facecolor": "white"} if fmt == "jpeg" else {}
+    fit_titles(fig)  # a title longer than the figure is wrapped, not cut at its edges
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         written = write_atomic(path, lambda f: fig.savefig(f, format=fmt, dpi=fig.dpi, **extra))
