@@ -208,7 +208,7 @@ def test_a_text_over_the_budget_is_refused_up_front(char_lm, tmp_path, capsys, m
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--max-tokens", "0"], "--max-tokens must be at least 1, got 0"),
+    (["--max-tokens", "0"], "--max-tokens must be an integer in [1, 2147483647], got 0"),
     (["--max-tokens", "1"], "--max-tokens 1 is too small for all-MiniLM-L6-v2: its tokenizer "
                             "adds [CLS] and [SEP], so at least 2"),
 ])

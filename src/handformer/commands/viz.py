@@ -303,8 +303,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("TEXT is empty; pass some words, e.g. handformer viz \"The animal "
                          "didn't cross the street because it was too tired\"")
     _check_pattern_flags(args)
-    if args.max_tokens is not None and args.max_tokens < 1:
-        raise UsageError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    from handformer.checks import MAX_INT
+
+    if args.max_tokens is not None and not 1 <= args.max_tokens <= MAX_INT:
+        raise UsageError(f"--max-tokens must be an integer in [1, {MAX_INT}], got "
+                         f"{args.max_tokens}")
     causal = _causal_folder(args.model)
     if args.attribution and not causal:
         raise UsageError("--attribution needs a causal language model (--model DIR of a GPT-2 "
