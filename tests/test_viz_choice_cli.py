@@ -120,8 +120,13 @@ def test_the_first_token_is_an_attention_sink_and_the_output_says_so(monkeypatch
     assert "attention sink" not in out
 
 
-def test_a_sink_on_a_real_llm_is_left_out(smollm2_file, tmp_path, capsys):
+def test_a_sink_on_a_real_llm_is_left_out(smollm2, smollm2_file, tmp_path, capsys,
+                                          monkeypatch):
     """SmolLM2 adds no <bos>: its first word is the sink every layer parks its weight on."""
+    import handformer.commands.generate as generate
+
+    # the session's SmolLM2 (what `viz --model FILE` loads, loaded once for every test file)
+    monkeypatch.setattr(generate, "load_model_and_tokenizer", lambda *a, **k: smollm2)
     code, out, err = run(capsys, "When the cat sat on the mat it was very happy",
                          "--model", str(smollm2_file), "--out", str(tmp_path))
     assert code == 0, err
