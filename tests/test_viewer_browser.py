@@ -257,3 +257,48 @@ def test_cross_attention_page(driver, tmp_path):
                                  "c.getBoundingClientRect().height]")
     assert size[0] > size[1]  # 7 key columns, 5 query rows
     assert severe(driver) == []
+
+
+def test_first_token_sink_checkbox_and_opening_head(driver, tmp_path):
+    """Issue 33: the page opens on the head ``choose_head`` picks, the sink left out; the
+    first token (an attention sink) is left out of each head's colour scale unless the
+    "first token in the colour scale" box is ticked (or the page was saved with
+    include_sink=True)."""
+    from selenium.webdriver.common.by import By
+
+    from handformer.viz.head_choice import choose_head
+
+    N, H, L = 4, 3, 9
+    x = []
+    for _ in range(N):
+        a = torch.full((1, H, L, L), 0.1 / (L - 1))
+        a[..., 0] = 0.9  # every query parks 0.9 on the first token
+        x.append(a)
+    x[3][0, 2, 7, 1:] = 0.6 / (L - 2)
+    x[3][0, 2, 7, 3] = 0.3  # the one real link: layer 3, head 2
+    tokens = [f"w{i}" for i in range(L)]
+    layer, head = choose_head(x, tokens)
+    assert (layer, head) == (3, 2)
+    path = save_html(x, tokens, tmp_path / "sink.html", layer=layer, head=head)
+    open_page(driver, path)
+    state = "return [window.hfViewer.state.layer, window.hfViewer.state.head]"
+    assert driver.execute_script(state) == [3, 2]
+    assert driver.find_element(By.ID, "layer").get_attribute("value") == "3"
+
+    def top():
+        return float(driver.find_element(By.ID, "cb-hi").text)
+
+    assert not driver.find_element(By.ID, "sink").is_selected()
+    assert top() == pytest.approx(0.3, abs=0.003)  # the link, not the sink, sets the scale
+    before = canvas_hash(driver, "heat")
+    driver.find_element(By.ID, "sink").click()
+    wait_for(driver, "return window.hfViewer.state.sink", True)
+    time.sleep(0.2)  # the redraw runs on the next animation frame
+    assert top() == pytest.approx(0.9, abs=0.003)
+    assert canvas_hash(driver, "heat") != before
+
+    path = save_html(x, tokens, tmp_path / "with-sink.html", layer=3, head=2, include_sink=True)
+    open_page(driver, path)
+    assert driver.find_element(By.ID, "sink").is_selected()
+    assert top() == pytest.approx(0.9, abs=0.003)
+    assert severe(driver) == []

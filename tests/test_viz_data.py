@@ -152,12 +152,18 @@ def test_summarize_words_and_min_distance():
     x[0, 0, 0, 1] = 0.6  # neighbouring words
     x[0, 0, 3, 0] = 0.3  # far apart
     words = [0, 1, 1, 2]
-    assert summarize(x, list("abcd"))[0].link[:3] == (0, 1, 2)
-    assert summarize(x, list("abcd"), words=words)[0].link[:3] == (0, 0, 1)
-    s = summarize(x, list("abcd"), words=words, min_distance=2)[0]
+    sink = {"include_sink": True}  # these links touch the first position
+    assert summarize(x, list("abcd"), **sink)[0].link[:3] == (0, 1, 2)
+    assert summarize(x, list("abcd"), words=words, **sink)[0].link[:3] == (0, 0, 1)
+    s = summarize(x, list("abcd"), words=words, min_distance=2, **sink)[0]
     assert s.link == (0, 3, 0, pytest.approx(0.3))
     assert "strongest link d -> a 0.30 (head 0)" in s.describe(list("abcd"))
-    assert summarize(x, list("abcd"), special=[True, False, False, True])[0].link[:3] == (0, 1, 2)
+    assert summarize(x, list("abcd"), special=[True, False, False, True],
+                     **sink)[0].link[:3] == (0, 1, 2)
+    # by default the first position is an attention sink: no link to or from it
+    assert summarize(x, list("abcd"), words=words)[0].link is None
+    with pytest.raises(ValueError, match="include_sink must be True or False"):
+        summarize(x, list("abcd"), include_sink=1)
     with pytest.raises(ValueError, match="min_distance must be an int >= 1"):
         summarize(x, list("abcd"), min_distance=0)
     with pytest.raises(ValueError, match="self-attention"):

@@ -105,6 +105,24 @@ def test_pattern_bits_and_caption(attentions):
     assert f"{n} of {L * L} pairs" in label and "at most 3 per query instead of 15" in label
 
 
+@pytest.mark.parametrize("L, window, causal, expected", [
+    (11, 21, True, "Keys each query may reach: 66 of 121 pairs (55%); up to all 11 keys per "
+                   "query."),
+    (11, 31, False, "Keys each query may reach: 121 of 121 pairs (100%); up to all 11 keys per "
+                    "query."),
+    (11, 5, True, "Keys each query may reach: 30 of 121 pairs (25%); at most 3 per query "
+                  "instead of 11."),
+])
+def test_reach_caption_when_the_window_covers_the_text(L, window, causal, expected):
+    """Issue 33, item 16: "at most 11 per query instead of 11" said nothing."""
+    from handformer.viz.html import describe_pattern
+
+    allowed = window_mask(L, L, window).numpy()
+    if causal:
+        allowed &= np.tril(np.ones((L, L), dtype=bool))
+    assert describe_pattern(allowed) == expected
+
+
 def test_cross_attention_needs_key_tokens():
     w = torch.rand(1, 2, 3, 5)
     with pytest.raises(ValueError, match="pass key_tokens"):

@@ -78,6 +78,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="causal language models: also write attribution.png and "
                              "attribution_heads.png, the top next token's logit split by "
                              "component and by head (direct logit attribution)")
+    parser.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                        help="show at most the first N tokens of TEXT (default: as many as "
+                             "the model takes, within the attention budget viz and serve "
+                             "share: layers x heads x tokens² up to 80 M values)")
+    parser.add_argument("--include-sink", action="store_true",
+                        help="count the first token in the links and the head choice (left "
+                             "out by default: most heads park their attention there, an "
+                             "attention sink)")
     add_device_argument(parser)
 
 
@@ -164,6 +172,30 @@ def _check_limits(args: argparse.Namespace, N: int, H: int) -> None:
     _check_index("head", args.head, H, "heads per layer")
 
 
+def _check_budget(args: argparse.Namespace, name: str, N: int, H: int, L: int) -> None:
+    """Refuse, before the model runs, a text whose attention weights would pass the budget
+    ``handformer serve`` keeps too (:data:`handformer.viz.budget.VIEW_BUDGET`)."""
+    from handformer.viz.budget import VIEW_BUDGET, describe_cost, describe_values, view_limit
+
+    limit = view_limit(N, H)  # the server's limit too
+    if L <= limit:
+        return
+    budget = describe_values(VIEW_BUDGET)
+    if args.max_tokens is not None:
+        raise UsageError(f"--max-tokens {args.max_tokens} is over the attention budget for "
+                         f"{name}: {describe_cost(N, H, L)}, more than the {budget} viz and "
+                         f"serve allow; at most {limit} tokens fit this model")
+    raise UsageError(f"TEXT is {L} tokens for {name}: its attention would be "
+                     f"{describe_cost(N, H, L)}, more than the {budget} viz and serve allow; "
+                     f"pass --max-tokens {limit} (or fewer) to show the first {limit} tokens")
+
+
+def _cut_note(args: argparse.Namespace, tokens: int, limit: int) -> None:
+    """The note for a text cut to ``--max-tokens`` (``limit``) tokens."""
+    note(f"the text has {tokens} tokens here; only the first {limit} are shown "
+         f"(--max-tokens {args.max_tokens})")
+
+
 def _run_bert(args: argparse.Namespace, text: str, device: object) -> _Run:
     import torch
 
@@ -173,15 +205,29 @@ def _run_bert(args: argparse.Namespace, text: str, device: object) -> _Run:
     kind, kind_text = _kind(args)  # validates --window-size / --stride (ValueError -> exit 2)
     model, tokenizer = load_bert(args.model, attention=kind)
     model.to(device)
-    _check_limits(args, model.config.num_hidden_layers, model.config.num_attention_heads)
+    name = ("all-MiniLM-L6-v2" if args.model is None
+            else Path(args.model).resolve().name or str(args.model))
+    N, H = model.config.num_hidden_layers, model.config.num_attention_heads
+    _check_limits(args, N, H)
+    if args.max_tokens is not None and args.max_tokens < 2:
+        raise UsageError(f"--max-tokens {args.max_tokens} is too small for {name}: its "
+                         "tokenizer adds [CLS] and [SEP], so at least 2")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         encodings = tokenizer.encode_batch([text])  # truncated to the model's limit, with a warning
-    batch = {k: v.to(device) for k, v in tokenizer.pad(encodings).items()}  # (1, L) tensors
     tokens = encodings[0].tokens
+    cut = args.max_tokens is not None and len(tokens) > args.max_tokens
+    _check_budget(args, name, N, H, args.max_tokens if cut else len(tokens))  # before notes
     if any("truncated" in str(w.message) for w in caught):
         note(f"the text is longer than the model's limit of {tokenizer.max_length} tokens; "
              f"only the first {len(tokens)} are shown")
+    if cut:
+        _cut_note(args, len(tokens), args.max_tokens)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the truncation warning: noted above
+            encodings = tokenizer.encode_batch([text], max_length=args.max_tokens)
+        tokens = encodings[0].tokens
+    batch = {k: v.to(device) for k, v in tokenizer.pad(encodings).items()}  # (1, L) tensors
     with torch.inference_mode():
         result = model(**batch, need_weights=True)
     pattern: object = kind  # local / strided: the kind draws its own pattern
@@ -190,8 +236,6 @@ def _run_bert(args: argparse.Namespace, text: str, device: object) -> _Run:
         pattern = torch.ones(len(tokens), len(tokens), dtype=torch.bool)
         pattern_label = ("Linear attention: every query reaches every key, yet the L x L "
                          "matrix is never formed (cost grows as L·D², not L²·D)")
-    name = ("all-MiniLM-L6-v2" if args.model is None
-            else Path(args.model).resolve().name or str(args.model))
     return _Run(name, kind_text, tokens, [a.float().cpu() for a in result.attentions], pattern,
                 pattern_label, encodings[0].special_tokens_mask,
                 word_index(text, encodings[0].offsets), _unknown(tokenizer, encodings[0].ids))
@@ -222,7 +266,14 @@ def _run_causal(args: argparse.Namespace, text: str, device: object) -> _Run:
     ids = tokenizer.encode(text)  # ValueError for characters outside a char vocabulary
     if not ids:
         raise UsageError("TEXT gives no tokens for this model's tokenizer")
-    if len(ids) > c.max_len:
+    limit = c.max_len if args.max_tokens is None else min(args.max_tokens, c.max_len)
+    _check_budget(args, Path(args.model).resolve().name, c.num_layers, c.num_heads,
+                  min(len(ids), limit))  # before any note: a refusal is one line
+    if args.max_tokens is not None and args.max_tokens < len(ids) and \
+            args.max_tokens < c.max_len:
+        _cut_note(args, len(ids), args.max_tokens)
+        ids = ids[:args.max_tokens]
+    elif len(ids) > c.max_len:
         note(f"the text has {len(ids)} tokens, more than the model's limit of {c.max_len}; "
              f"only the first {c.max_len} are shown")
         ids = ids[:c.max_len]
@@ -252,6 +303,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("TEXT is empty; pass some words, e.g. handformer viz \"The animal "
                          "didn't cross the street because it was too tired\"")
     _check_pattern_flags(args)
+    from handformer.checks import MAX_INT
+
+    if args.max_tokens is not None and not 1 <= args.max_tokens <= MAX_INT:
+        raise UsageError(f"--max-tokens must be an integer in [1, {MAX_INT}], got "
+                         f"{args.max_tokens}")
     causal = _causal_folder(args.model)
     if args.attribution and not causal:
         raise UsageError("--attribution needs a causal language model (--model DIR of a GPT-2 "
@@ -263,7 +319,7 @@ def run(args: argparse.Namespace) -> int:
 
     from handformer.pretrained.token_labels import unknown_notice
     from handformer.viz import plot_attention, plot_heads, save_figure, save_html, summarize
-    from handformer.viz.head_choice import choose_head
+    from handformer.viz.head_choice import choose_head, left_out
     from handformer.viz.heatmap import MissingGlyphWarning
 
     r = _run_causal(args, text, device) if causal else _run_bert(args, text, device)
@@ -276,9 +332,13 @@ def run(args: argparse.Namespace) -> int:
 
     # Links worth showing: between two words at least two words apart (not within "didn't",
     # not to the neighbour), special and unknown tokens left out (relaxed when none remain).
-    summaries = summarize(attentions, tokens, special=r.special, words=r.words, min_distance=2)
-    layer, head = choose_head(attentions, tokens, special=r.special, words=r.words,
-                              unknown=r.unknown, layer=args.layer, head=args.head)
+    # The first position is an attention sink (heads with nothing to do park their weight
+    # there): left out of the links too, unless --include-sink.
+    skip = left_out(tokens, r.special, r.unknown)
+    summaries = summarize(attentions, tokens, special=skip, words=r.words, min_distance=2,
+                          include_sink=args.include_sink)
+    layer, head = choose_head(attentions, tokens, special=skip, words=r.words,
+                              layer=args.layer, head=args.head, include_sink=args.include_sink)
 
     short = " ".join(text.split())
     short = short if len(short) <= 60 else short[:57] + "..."
@@ -303,7 +363,7 @@ def run(args: argparse.Namespace) -> int:
                           title=f"Attention of {r.name}: {short}",
                           pattern=r.pattern, pattern_label=r.pattern_label,
                           note=f"{r.name} · {r.kind_text}", layer=layer, head=head,
-                          rollout=rollout)
+                          rollout=rollout, include_sink=args.include_sink)
 
     attribution_pngs, attribution_line = [], None
     if args.attribution:
@@ -316,8 +376,44 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {path}")
     if attribution_line:
         print(attribution_line)
-    print(f"{L} tokens, {N} layer{'s' * (N != 1)} x {H} head{'s' * (H != 1)}; head.png shows "
-          f"layer {layer}, head {head}")
+    print(f"{L} token{'s' * (L != 1)}, {N} layer{'s' * (N != 1)} x {H} head{'s' * (H != 1)}; "
+          f"head.png shows layer {layer}, head {head}"
+          + _why(summaries, tokens, layer, head, chosen=args.layer is None and args.head is None))
     for s in summaries:
         print(s.describe(tokens))
+    for line in _link_notes(attentions, tokens, summaries, skip, args.include_sink):
+        print(line)
     return 0
+
+
+def _why(summaries: list, tokens: list[str], layer: int, head: int, *, chosen: bool) -> str:
+    """``": the strongest link, it -> animal 0.74"`` when head.png shows the strongest link
+    of the summary, else nothing."""
+    best = max((s for s in summaries if s.link is not None), key=lambda s: s.link[3],
+               default=None)
+    if not chosen or best is None or (best.layer, best.link[0]) != (layer, head):
+        return ""
+    _, i, j, w = best.link
+    return f": the strongest link, {tokens[i]} -> {tokens[j]} {w:.2f}"
+
+
+def _link_notes(attentions: list, tokens: list[str], summaries: list, skip: list[bool],
+                include_sink: bool) -> list[str]:
+    """What the summary leaves out: the first token as an attention sink; no link at all."""
+    lines = []
+    L = len(tokens)
+    if L == 1:
+        return [f"TEXT is one token ({tokens[0]}): there is no link between two tokens to "
+                "report"]
+    if not include_sink and not skip[0]:
+        share = sum(float(a[0, :, :, 0].sum()) for a in attentions) / (
+            len(attentions) * attentions[0].shape[1] * L)  # mean weight on key 0
+        lines.append(f"the first token {tokens[0]} is left out of the links and the head "
+                     f"choice as an attention sink (it gets {share:.0%} of all attention); "
+                     "--include-sink counts it")
+    if all(s.link is None for s in summaries):
+        lines.append("no link between two tokens at least two words apart to report "
+                     "(special and unknown tokens"
+                     + (", and the first token," if not include_sink else "")
+                     + " left out)")
+    return lines

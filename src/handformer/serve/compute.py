@@ -61,13 +61,16 @@ class Encoded:
         unknown: per token, True for the model's unknown token.
         unknown_notice: the one-line notice when more than a tenth of the tokens are
             unknown (the model does not read the script), or None.
+        words: per token, the index of the whitespace-separated word it starts in (encoders;
+            None: from the labels), so the head choice skips links within a word as
+            ``handformer viz`` does.
     """
 
     def __init__(self, batch: dict[str, Tensor], tokens: list[str], notice: str | None, *,
                  special: list[bool] | None = None, unknown: list[bool] | None = None,
-                 unknown_notice: str | None = None) -> None:
+                 unknown_notice: str | None = None, words: list[int] | None = None) -> None:
         self.batch, self.tokens, self.notice = batch, tokens, notice
-        self.special = special
+        self.special, self.words = special, words
         self.unknown = unknown if unknown is not None else [False] * len(tokens)
         self.unknown_notice = unknown_notice
 
@@ -150,8 +153,10 @@ def encode(state: ModelState, text: str, field: str = "text", *,
     batch = {k: v.to(state.device) for k, v in tokenizer.pad(encodings).items()}  # (1, L)
     special = [bool(s) for s in encodings[0].special_tokens_mask]
     unknown, line = _unknown(state, list(encodings[0].ids), special, field)
+    from handformer.viz.head_choice import word_index
+
     return Encoded(batch, list(encodings[0].tokens), notice, special=special, unknown=unknown,
-                   unknown_notice=line)
+                   unknown_notice=line, words=word_index(text, encodings[0].offsets))
 
 
 def _pattern(state: ModelState, choice: AttentionChoice, L: int) -> tuple[object, str]:
@@ -206,13 +211,16 @@ def _header(state: ModelState, req: RunRequest) -> dict[str, object]:
             "attention": req.attention.as_dict(), "heads_ablated": [list(h) for h in req.heads]}
 
 
-def first_head(attentions: object, enc: Encoded) -> tuple[int, int]:
+def first_head(attentions: object, enc: Encoded, *, include_sink: bool = False
+               ) -> tuple[int, int]:
     """The head ``handformer viz`` would draw for this text (the page opens on it)."""
     from handformer.viz.head_choice import choose_head
 
-    words = None if enc.special is not None else label_words(enc.tokens)  # causal models
+    words = getattr(enc, "words", None)  # encoders: from the text's offsets
+    if words is None and enc.special is None:  # causal models: from the labels
+        words = label_words(enc.tokens)
     return choose_head([a.float().cpu() for a in attentions], enc.tokens, special=enc.special,
-                       words=words, unknown=enc.unknown)
+                       words=words, unknown=enc.unknown, include_sink=include_sink)
 
 
 def _viewer(state: ModelState, req: RunRequest, attentions: object, enc: Encoded,
@@ -226,9 +234,11 @@ def _viewer(state: ModelState, req: RunRequest, attentions: object, enc: Encoded
     note = f"{state.name} \u00b7 {req.attention.describe()}"
     if req.heads:
         note += f" \u00b7 {len(req.heads)} head{'s' * (len(req.heads) != 1)} ablated"
-    layer, head = first_head(attentions, enc) if req.choose_head else (state.num_layers - 1, 0)
+    layer, head = (first_head(attentions, enc, include_sink=req.include_sink)
+                   if req.choose_head else (state.num_layers - 1, 0))
     payload = viewer_payload(attentions, tokens, pattern=pattern, pattern_label=label,
                              note=note, layer=layer, head=head, binary=binary,
+                             include_sink=req.include_sink,
                              compress=False)  # a local connection: raw is faster than deflate
     payload["ablated"] = [list(h) for h in req.heads]
     return payload

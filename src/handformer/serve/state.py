@@ -10,7 +10,6 @@ kinds run on different module trees at the same time; memory grows by a few kilo
 from __future__ import annotations
 
 import copy
-import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -21,21 +20,14 @@ from torch import nn
 
 from handformer.attention.kinds import AttentionKind
 from handformer.attention.registry import KIND_NAMES, KIND_OPTIONS, attention_kind
+from handformer.viz.budget import VIEW_BUDGET, view_limit  # noqa: F401 (re-exported)
 
 __all__ = ["AttentionChoice", "ModelState", "KINDS"]
 
 KINDS = KIND_NAMES  # ("full", "local", "strided", "linear")
 MAX_VARIANTS = 16  # models kept for distinct (kind, window, stride, global tokens) settings
-# Attention weights one request may compute (layers x heads x tokens^2): a 32k-context LLM
-# is served on as many tokens as keep that within about 320 MB of float32 weights
-# (SmolLM2-135M, 30 x 9 heads: 544 tokens; Gemma 3 270M, 18 x 4: 1054; MiniLM: its 512).
-VIEW_BUDGET = 80_000_000
-
-
-def view_limit(num_layers: int, num_heads: int) -> int:
-    """The most tokens a request may use so that every head's weights fit
-    :data:`VIEW_BUDGET`."""
-    return max(16, math.isqrt(VIEW_BUDGET // max(1, num_layers * num_heads)))
+# VIEW_BUDGET, view_limit: the attention values one request may compute (layers x heads x
+# tokens²), the budget ``handformer viz`` keeps too (handformer.viz.budget).
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,8 @@ MAX_NEW_TOKENS = 512
 WEIGHT_FORMATS = ("json", "binary")
 
 _ATTENTION_FIELDS = ("attention", "window_size", "stride", "global_tokens")
-_RUN_FIELDS = {"model", "text", "ids", "text_pair", "heads", "choose_head", *_ATTENTION_FIELDS}
+_RUN_FIELDS = {"model", "text", "ids", "text_pair", "heads", "choose_head", "include_sink",
+               *_ATTENTION_FIELDS}
 MAX_IDS = 8192  # token ids in one request (a causal model's text given as its tokens)
 _GENERATE_FIELDS = {"model", "text", "messages", "heads", "max_new_tokens", "temperature",
                     "top_k", "top_p", "seed", *_ATTENTION_FIELDS}
@@ -68,6 +69,8 @@ class RunRequest:
             (costs a pass over every weight; the page asks for it once per model).
         ids: causal models: the text as token ids (what a generation made), instead of
             ``text`` (then the text they decode to).
+        include_sink: count the first token (an attention sink) in ``choose_head`` and in the
+            viewer's colour scales, as ``handformer viz --include-sink`` does.
     """
 
     text: str
@@ -76,6 +79,7 @@ class RunRequest:
     heads: tuple[tuple[int, int], ...]
     choose_head: bool = False
     ids: tuple[int, ...] | None = None
+    include_sink: bool = False
 
 
 @dataclass(frozen=True)
@@ -237,10 +241,12 @@ def parse_run(body: dict[str, object], state: ModelState) -> RunRequest:
     if pair is not None and state.causal:
         raise RequestError("text_pair", "applies to encoders (embedding similarity); this is "
                                         "a causal language model")
-    choose = body.get("choose_head", False)
-    if not isinstance(choose, bool):
-        raise RequestError("choose_head", f"must be true or false, got {json.dumps(choose)[:40]}")
-    return RunRequest(text, pair, _attention(body, state), _heads(body, state), choose, ids)
+    choose, sink = body.get("choose_head", False), body.get("include_sink", False)
+    for name, value in (("choose_head", choose), ("include_sink", sink)):
+        if not isinstance(value, bool):
+            raise RequestError(name, f"must be true or false, got {json.dumps(value)[:40]}")
+    return RunRequest(text, pair, _attention(body, state), _heads(body, state), choose, ids,
+                      sink)
 
 
 def _ids(body: dict[str, object], state: ModelState) -> tuple[int, ...] | None:

@@ -351,8 +351,13 @@ def _is_special(token: str) -> bool:
 
 def summarize(attentions: object, tokens: Sequence[str], *,
               special: Sequence[bool] | None = None, words: Sequence[int] | None = None,
-              min_distance: int = 1) -> list[LayerSummary]:
+              min_distance: int = 1, include_sink: bool = False) -> list[LayerSummary]:
     """Per layer: the most attended key, and the strongest link between ordinary tokens.
+
+    The first position is an attention sink in most trained models (heads with nothing to do
+    park their weight there: GPT-2's and SmolLM2's first word, Gemma's ``<bos>``, BERT's
+    ``[CLS]``), so by default it is left out of the links, as a special token is; it still
+    counts for "most attention".
 
     Args:
         attentions: anything :func:`as_attention_array` accepts (self-attention, L_q == L_k).
@@ -363,6 +368,7 @@ def summarize(attentions: object, tokens: Sequence[str], *,
             position), so links between pieces of one word can be left out.
         min_distance: a link counts only if its two tokens' word indices differ by at least
             this much (1 = any other word; 2 skips neighbours too).
+        include_sink: count links to and from the first position too.
 
     Returns:
         One :class:`LayerSummary` per layer.
@@ -377,12 +383,16 @@ def summarize(attentions: object, tokens: Sequence[str], *,
     check_tokens(tokens, L)
     if isinstance(min_distance, bool) or not isinstance(min_distance, int) or min_distance < 1:
         raise ValueError(f"min_distance must be an int >= 1, got {min_distance!r}")
+    if not isinstance(include_sink, bool):
+        raise ValueError(f"include_sink must be True or False, got {include_sink!r}")
     special = [_is_special(t) for t in tokens] if special is None else list(special)
     word = np.arange(L) if words is None else np.asarray(words, dtype=np.int64)
     if len(special) != L or word.shape != (L,):
         raise ValueError(f"special and words must have one entry per token ({L}), got "
                          f"{len(special)} and {word.shape[0] if word.ndim else 0}")
     ordinary = ~np.asarray(special, dtype=bool)  # (L,)
+    if not include_sink:
+        ordinary[0] = False  # the attention sink
     far = np.abs(word[:, None] - word[None, :]) >= min_distance  # (L, L)
     allowed = far & ordinary[:, None] & ordinary[None, :]  # (L, L)
     out = []

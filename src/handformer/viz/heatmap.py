@@ -13,6 +13,7 @@ import functools
 import math
 import os
 import re
+import textwrap
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +24,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 
 from handformer.viz.data import as_attention_array, as_pattern, check_tokens
 from handformer.viz.files import write_atomic
@@ -76,6 +78,67 @@ def set_column_labels(ax: Axes, labels: Sequence[str], fontsize: float) -> None:
         if has_wide(label):
             text.set_rotation(0)
             text.set_linespacing(1.0)
+
+
+def fit_titles(fig: Figure, *, tries: int = 4, max_lines: int = 3) -> Figure:
+    """Wrap the figure's titles (its suptitle, each axes' title) onto more lines until each
+    lies inside the figure, and an axes' title not far over its neighbours: a long model name
+    and attention kind would otherwise be cut at the figure's edges (a title is centred over
+    its axes, which may sit off-centre). A title that would need more than ``max_lines``
+    lines is shortened, ending in "…" (more lines would squeeze a small figure's axes away).
+
+    Returns:
+        ``fig``.
+    """
+    original: dict[int, str] = {}  # id(text) -> its text before wrapping
+    chars: dict[int, int] = {}  # id(text) -> the line length it is wrapped at now
+    for _ in range(tries):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fig.draw_without_rendering()  # lays the figure out: titles get their final place
+        # matplotlib warns of a missing glyph once per text: keep them for save_figure
+        missing = getattr(fig, "_hf_missing_glyphs", [])
+        fig._hf_missing_glyphs = missing + [c for c in _missing_glyphs(caught)
+                                            if c not in missing]
+        renderer = fig.canvas.get_renderer()
+        width = fig.bbox.width
+        changed = False
+        for text, ax in _titles(fig):
+            box = text.get_window_extent(renderer)
+            centre = (box.x0 + box.x1) / 2
+            room = 2 * min(centre, width - centre) * 0.96  # what fits centred where it is
+            if ax is not None:  # an axes' title: not far over its neighbours either
+                room = min(room, 1.3 * ax.bbox.width)
+            if box.width == 0 or box.width <= room:
+                continue
+            key = id(text)
+            if key not in original and text.get_fontsize() > 8:  # first: a smaller font
+                text.set_fontsize(max(8.0, text.get_fontsize() * max(0.75, room / box.width)))
+                original[key] = text.get_text()
+                changed = True
+                continue
+            source = original.setdefault(key, text.get_text())
+            longest = max(len(line) for line in text.get_text().split("\n"))
+            chars[key] = max(8, min(int(longest * room / box.width), longest - 1))
+            lines = [part for line in source.split("\n")
+                     for part in textwrap.wrap(line, chars[key]) or [""]]
+            if len(lines) > max_lines:
+                lines = lines[:max_lines]
+                lines[-1] = lines[-1][:chars[key] - 1].rstrip() + "\u2026"
+            text.set_text("\n".join(lines))
+            changed = True
+        if not changed:
+            break
+    return fig
+
+
+def _titles(fig: Figure) -> list[tuple[Text, Axes | None]]:
+    """The figure's non-empty titles, each with its axes (None for the suptitle)."""
+    found = [(fig._suptitle, None)] if fig._suptitle is not None else []
+    for ax in fig.axes:
+        found += [(t, ax) for t in (ax.title, getattr(ax, "_left_title", None),
+                                    getattr(ax, "_right_title", None)) if t is not None]
+    return [(t, ax) for t, ax in found if t.get_text()]
 
 
 def _one_head(weights: object) -> np.ndarray:
@@ -160,7 +223,7 @@ def plot_attention(weights: object, tokens: Sequence[str], *, ax: Axes | None = 
         n_allowed = int(allowed.sum())
         axes[1].set_title(f"Keys each query may reach: {n_allowed} of {L_q * L_k} pairs "
                           f"({n_allowed / (L_q * L_k):.0%})")
-    return fig
+    return fit_titles(fig)
 
 
 def _pool(w: np.ndarray, size: int) -> np.ndarray:
@@ -242,7 +305,7 @@ def plot_heads(attentions: object, tokens: Sequence[str], *,
     for spine in ax.spines.values():
         spine.set_visible(False)
     fig.suptitle(title or f"Every head, each scaled to its maximum ({L_q} tokens)", fontsize=11)
-    return fig
+    return fit_titles(fig)
 
 
 def _colormap(name: str):  # noqa: ANN202 - matplotlib Colormap
@@ -271,11 +334,30 @@ def figure_format(path: str | os.PathLike[str]) -> str:
     return FIGURE_FORMATS[suffix]
 
 
+def _missing_glyphs(caught: list[warnings.WarningMessage]) -> list[str]:
+    """The characters of matplotlib's "Glyph ... missing from font" warnings among
+    ``caught``, each once; the other warnings are issued again."""
+    missing: list[str] = []
+    for w in caught:
+        m = re.search(r"Glyph \d+ \((.*?)\) missing from font", str(w.message))
+        if m is None:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            continue
+        try:
+            char = m.group(1).encode("ascii", "backslashreplace").decode("unicode_escape")
+        except UnicodeDecodeError:
+            char = m.group(1)
+        if char not in missing:
+            missing.append(char)
+    return missing
+
+
 def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
     """Save ``fig`` atomically at the figure's own size and DPI; returns the path.
 
     The format follows the extension: ``.png``, ``.svg``, ``.pdf``, ``.jpg`` / ``.jpeg``
-    (JPEG on a white background, as JPEG has no transparency). Characters no installed font
+    (JPEG on a white background, as JPEG has no transparency). Titles that would reach past
+    the figure's edges are wrapped first (:func:`fit_titles`). Characters no installed font
     can draw (e.g. Chinese without a CJK font) give one :class:`MissingGlyphWarning` instead
     of matplotlib's warning per glyph.
 
@@ -289,21 +371,12 @@ def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
     """
     fmt = figure_format(path)
     extra = {"facecolor": "white"} if fmt == "jpeg" else {}
+    fit_titles(fig)  # a title longer than the figure is wrapped, not cut at its edges
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         written = write_atomic(path, lambda f: fig.savefig(f, format=fmt, dpi=fig.dpi, **extra))
-    missing = []
-    for w in caught:
-        m = re.search(r"Glyph \d+ \((.*?)\) missing from font", str(w.message))
-        if m is None:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        else:
-            try:
-                char = m.group(1).encode("ascii", "backslashreplace").decode("unicode_escape")
-            except UnicodeDecodeError:
-                char = m.group(1)
-            if char not in missing:
-                missing.append(char)
+    missing = list(getattr(fig, "_hf_missing_glyphs", []))  # found while fitting the titles
+    missing += [c for c in _missing_glyphs(caught) if c not in missing]
     if missing:
         warnings.warn(
             f"{len(missing)} character(s) of the tokens have no glyph in the installed fonts "

@@ -79,9 +79,12 @@ def describe_pattern(allowed: np.ndarray, kind: str | None = None) -> str:
     L_q, L_k = allowed.shape
     per_query = allowed.sum(axis=1)  # (L_q,)
     total = int(per_query.sum())
+    most = int(per_query.max(initial=0))
+    # a window that covers the whole text leaves some query every key: nothing "instead"
+    reach = (f"at most {most} per query instead of {L_k}" if most < L_k
+             else f"up to all {L_k} keys per query")
     text = (f"Keys each query may reach: {total} of {L_q * L_k} pairs "
-            f"({total / max(L_q * L_k, 1):.0%}); at most {int(per_query.max(initial=0))} per "
-            f"query instead of {L_k}")
+            f"({total / max(L_q * L_k, 1):.0%}); {reach}")
     if kind:
         text = f"{kind}. {text}"
     return text + "."
@@ -92,7 +95,8 @@ def viewer_payload(attentions: object, tokens: Sequence[str], *, pattern: object
                    note: str | None = None, layer: int = 0, head: int = 0,
                    view: str = "heat", cmap: str = "viridis",
                    rollout: dict[str, object] | None = None,
-                   compress: bool = True, binary: bool = False) -> dict[str, object]:
+                   compress: bool = True, binary: bool = False,
+                   include_sink: bool = False) -> dict[str, object]:
     """The data the viewer draws, as a JSON-ready dict (see :func:`save_html` for the
     arguments): what a page passes to ``window.hfViewer.render(data)``. ``compress=False``
     sends the 8-bit weights raw at any size (see :func:`~handformer.viz.data.encode_weights`).
@@ -121,10 +125,13 @@ def viewer_payload(attentions: object, tokens: Sequence[str], *, pattern: object
                          "(-1 = mean of heads)")
     if view not in ("heat", "head", "model"):
         raise ValueError(f"view must be 'heat', 'head' or 'model', got {view!r}")
+    if not isinstance(include_sink, bool):
+        raise ValueError(f"include_sink must be True or False, got {include_sink!r}")
     allowed = as_pattern(pattern, L_q, L_k)
     payload: dict[str, object] = {
         "version": 1, "tokens": toks, "key_tokens": keys, "layers": N, "heads": H,
         "layer": layer, "head": head, "view": view, "note": note,
+        "include_sink": include_sink,  # the first key counts in the colour scales
         "colormap": _colormap_bytes(cmap), **encode_weights(x, compress=compress, binary=binary),
         "pattern": None,
         "rollout": rollout,  # handformer.viz.rollout_view.rollout_payload(), for rollout.js
@@ -142,12 +149,13 @@ def render_html(attentions: object, tokens: Sequence[str], *, title: str | None 
                 pattern: object = None, pattern_label: str | None = None,
                 key_tokens: Sequence[str] | None = None, note: str | None = None,
                 layer: int = 0, head: int = 0, view: str = "heat",
-                cmap: str = "viridis", rollout: dict[str, object] | None = None) -> str:
+                cmap: str = "viridis", rollout: dict[str, object] | None = None,
+                include_sink: bool = False) -> str:
     """Build the viewer page as a string.
 
     Args:
         attentions, tokens, title, pattern, pattern_label, key_tokens: as :func:`save_html`.
-        note, layer, head, view, cmap, rollout: as :func:`save_html`.
+        note, layer, head, view, cmap, rollout, include_sink: as :func:`save_html`.
 
     Returns:
         The complete HTML document.
@@ -157,7 +165,8 @@ def render_html(attentions: object, tokens: Sequence[str], *, title: str | None 
     """
     payload = viewer_payload(attentions, tokens, pattern=pattern, pattern_label=pattern_label,
                              key_tokens=key_tokens, note=note, layer=layer, head=head,
-                             view=view, cmap=cmap, rollout=rollout)
+                             view=view, cmap=cmap, rollout=rollout,
+                             include_sink=include_sink)
     return viewer_page(payload, title=title)
 
 
@@ -178,7 +187,8 @@ def save_html(attentions: object, tokens: Sequence[str], path: str | os.PathLike
               title: str | None = None, pattern: object = None,
               pattern_label: str | None = None, key_tokens: Sequence[str] | None = None,
               note: str | None = None, layer: int = 0, head: int = 0, view: str = "heat",
-              cmap: str = "viridis", rollout: dict[str, object] | None = None) -> Path:
+              cmap: str = "viridis", rollout: dict[str, object] | None = None,
+              include_sink: bool = False) -> Path:
     """Write the interactive viewer as one self-contained HTML file (atomically).
 
     The page has a heat-map view (canvas; stays fast at 512 tokens), a head view (lines from
@@ -203,6 +213,9 @@ def save_html(attentions: object, tokens: Sequence[str], path: str | os.PathLike
         cmap: a matplotlib colour map name for the heat maps.
         rollout: a rollout view under the others
             (:func:`handformer.viz.rollout_view.rollout_payload`).
+        include_sink: open with the first token in each head's colour scale (by default it
+            is left out: the first token is an attention sink in most trained models, and
+            its column would leave the rest dark; the page has a checkbox for it).
 
     Returns:
         The path written.
@@ -213,5 +226,6 @@ def save_html(attentions: object, tokens: Sequence[str], path: str | os.PathLike
     """
     page = render_html(attentions, tokens, title=title, pattern=pattern,
                        pattern_label=pattern_label, key_tokens=key_tokens, note=note,
-                       layer=layer, head=head, view=view, cmap=cmap, rollout=rollout)
+                       layer=layer, head=head, view=view, cmap=cmap, rollout=rollout,
+                       include_sink=include_sink)
     return write_atomic(path, page.encode("utf-8"))

@@ -85,7 +85,7 @@ def plot_logit_attribution(attrs: object, labels: Sequence[str], *, title: str =
     else:
         data, rest = grid
         N, H = data.shape
-        fig = _new_figure(1.6 + 0.45 * H, 1.4 + 0.35 * N)
+        fig = _new_figure(max(4.0, 1.6 + 0.45 * H), max(3.0, 1.4 + 0.35 * N))  # room for a title
         ax = fig.add_subplot()
         bound = float(np.nanmax(np.abs(data))) or 1.0
         image = ax.imshow(data, cmap=_colormap("RdBu_r"), vmin=-bound, vmax=bound,
@@ -124,7 +124,7 @@ def plot_head_scores(scores: object, *, title: str = "", label: str = "score",
     if data.ndim != 2:
         raise ValueError(f"scores must be (num_layers, num_heads), got shape {data.shape}")
     N, H = data.shape
-    fig = _new_figure(1.6 + 0.45 * H, 1.2 + 0.35 * N)
+    fig = _new_figure(max(4.0, 1.6 + 0.45 * H), max(3.0, 1.2 + 0.35 * N))  # room for a title
     ax = fig.add_subplot()
     image = ax.imshow(data, cmap=_colormap("viridis"), vmin=0.0, vmax=1.0, aspect="auto",
                       interpolation="nearest")

@@ -15,7 +15,8 @@
 let D = null, N = 0, H = 0, QT = [], KT = [], LQ = 0, LK = 0, LEVELS = 255;
 const $ = (id) => document.getElementById(id);
 const S = { view: "heat", layer: 0, head: 0, heads: new Set(),
-            query: null, hover: null, hoverKey: null, boost: false, cursor: null };
+            query: null, hover: null, hoverKey: null, boost: false, cursor: null,
+            sink: false };  // sink: the first key counts in each head's colour scale
 let W = null;    // Uint8Array (N * H * LQ * LK)
 let PAT = null;  // Uint8Array (LQ * LK) of 0/1, or null
 let LUT = null;  // 256 x RGB
@@ -59,17 +60,33 @@ function unpackBits(b64, n) {
 }
 
 // ---- weights ---------------------------------------------------------------------------
+// The first key is an attention sink in most trained models (heads with nothing to do park
+// their weight there): unless S.sink, the colour scale runs to the largest weight on the
+// other keys, and the sink's column saturates (self-attention of two tokens or more).
+function leavesSink() { return !S.sink && LQ === LK && LK > 1; }
+
+// The top of the colour scale of an (LQ, LK) matrix whose largest value is `top`.
+function scaleTop(m, top) {
+  if (!leavesSink()) return top;
+  let hi = 0;
+  for (let i = 0; i < LQ; i++) {
+    for (let j = i * LK + 1; j < (i + 1) * LK; j++) if (m[j] > hi) hi = m[j];
+  }
+  return hi > 0 ? hi : top;
+}
+
 // One head's matrix as floats, with its range; h < 0 means the mean over heads.
 function matrix(l, h) {
   if (h < 0) return meanMatrix(l);
   const s = D.scale[l * H + h], lo = s[0], k = (s[1] - s[0]) / LEVELS;
   const base = (l * H + h) * LQ * LK, m = new Float32Array(LQ * LK);
   for (let i = 0; i < LQ * LK; i++) m[i] = lo + W[base + i] * k;
-  return { m: m, lo: Math.min(0, lo), hi: s[1] };
+  return { m: m, lo: Math.min(0, lo), hi: scaleTop(m, s[1]) };
 }
 
 function meanMatrix(l) {
-  if (meanCache.has(l)) return meanCache.get(l);
+  const key = l + "," + leavesSink();
+  if (meanCache.has(key)) return meanCache.get(key);
   const m = new Float32Array(LQ * LK);
   for (let h = 0; h < H; h++) {
     const one = matrix(l, h).m;
@@ -77,8 +94,8 @@ function meanMatrix(l) {
   }
   let lo = 0, hi = 0;
   for (let i = 0; i < m.length; i++) { if (m[i] > hi) hi = m[i]; if (m[i] < lo) lo = m[i]; }
-  const r = { m: m, lo: lo, hi: hi };
-  meanCache.set(l, r);
+  const r = { m: m, lo: lo, hi: scaleTop(m, hi) };
+  meanCache.set(key, r);
   return r;
 }
 

@@ -61,7 +61,8 @@ function show(weights, first) {
   PAT = D.pattern ? unpackBits(D.pattern.bits, LQ * LK) : null;
   $("pattern-panel").hidden = !D.pattern;
   $("pattern-caption").textContent = D.pattern ? D.pattern.label : "";
-  if (first) { S.layer = D.layer || 0; S.head = D.head || 0; }
+  if (first) { S.layer = D.layer || 0; S.head = D.head || 0; S.sink = D.include_sink === true; }
+  $("sink").checked = S.sink;
   if (S.layer >= N) S.layer = 0;
   if (S.head >= H) S.head = 0;
   S.query = null; S.hover = null; S.hoverKey = null; S.cursor = null;
@@ -107,6 +108,7 @@ function bind() {
   $("boost").addEventListener("change", function (e) {
     S.boost = e.target.checked; drawColourbar(); redraw();
   });
+  $("sink").addEventListener("change", function (e) { S.sink = e.target.checked; redraw(); });
   document.querySelectorAll(".tab[data-view]").forEach(function (b) {
     b.addEventListener("click", function () { setView(b.dataset.view); });
   });

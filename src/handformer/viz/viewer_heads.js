@@ -154,10 +154,10 @@ function drawModel() {
   }
 }
 
-// Thumbnails are drawn once per (layer, head, size, boost) and reused on every redraw.
+// Thumbnails are drawn once per (layer, head, size, boost, sink) and reused on every redraw.
 const thumbs = new Map();
 function thumbnail(l, h, t) {
-  const key = l + "," + h + "," + t + "," + S.boost;
+  const key = l + "," + h + "," + t + "," + S.boost + "," + S.sink;
   if (!thumbs.has(key)) {
     const dpr = window.devicePixelRatio || 1, c = document.createElement("canvas");
     c.width = c.height = Math.round(t * dpr);

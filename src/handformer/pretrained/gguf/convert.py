@@ -40,8 +40,8 @@ import numpy as np
 import torch
 from gguf.constants import GGUFValueType
 
-from handformer.pretrained.families import GGUF_FAMILIES, Family, gguf_family_for
 from handformer.checks import MAX_INT
+from handformer.pretrained.families import GGUF_FAMILIES, Family, gguf_family_for
 from handformer.pretrained.gguf.dequant import dequantize_tensor
 from handformer.pretrained.gguf.reader import GGUFFile, TensorInfo, read_gguf
 from handformer.weights import DTYPE_NAMES

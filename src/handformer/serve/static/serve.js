@@ -152,6 +152,7 @@ async function run(opts) {
   try {
     const body = settings(opts.ids);
     if (opts.first) body.choose_head = true;
+    if (V.state.sink) body.include_sink = true;  // the viewer's "first token" checkbox
     const r = await post("/api/run", body, true);
     if (mine !== seq) return;
     lastRun = r;
