@@ -72,6 +72,7 @@ def _write(text: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from handformer.checks import MAX_INT
+    from handformer.pretrained.chat_template import ChatTemplateError
     from handformer.commands.common import check_sampling_flags
 
     check_sampling_flags(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -102,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
             continue
         try:
             session.send(text, on_text=_write)
+        except ChatTemplateError as exc:  # no turn can be rendered: stop, exit 2
+            raise UsageError(str(exc)) from None
         except ValueError as exc:  # e.g. the history outgrew the context
             sys.stderr.write(f"handformer chat: {' '.join(str(exc).split())}\n")
             continue

@@ -14,6 +14,7 @@ temperatures and negative seeds are refused).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from handformer.attention.registry import MisplacedOption, check_kind_options
@@ -25,6 +26,7 @@ __all__ = ["MAX_BODY", "WEIGHT_FORMATS", "RequestError", "BodyTooLarge", "RunReq
            "GenerateRequest", "parse_json", "parse_run", "parse_generate", "parse_weights_format"]
 
 MAX_BODY = 64 * 1024  # bytes in a request body
+MAX_DEPTH = 32  # levels of [ and { in a request body (the deepest field, heads, needs 3)
 MAX_NEW_TOKENS = 512
 # How /api/run and /api/rollout send the viewer's 8-bit weights (the ``weights`` query
 # parameter): base64 inside the JSON, or raw bytes after a JSON header (see serve.wire).
@@ -104,15 +106,45 @@ def parse_json(body: bytes) -> dict[str, object]:
         raise RequestError(None, "the request body is empty; send a JSON object such as "
                                  '{"text": "..."}')
     try:
-        value = json.loads(body.decode("utf-8"))
+        text = body.decode("utf-8")
     except UnicodeDecodeError:
         raise RequestError(None, "the request body is not UTF-8 text") from None
+    _check_depth(text)  # before the parser recurses that deep
+    try:
+        value = json.loads(text)
     except ValueError as exc:
         raise RequestError(None, f"the request body is not valid JSON ({exc})") from None
     if not isinstance(value, dict):
         raise RequestError(None, f"the request body must be a JSON object, got "
                                  f"{type(value).__name__}")
     return value
+
+
+_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[][{}:]')
+
+
+def _check_depth(text: str) -> None:
+    """Refuse JSON nested deeper than :data:`MAX_DEPTH`, naming the top-level field it is in
+    (read from the brackets and strings alone: the parser would recurse that deep)."""
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return
+    depth, field, last = 0, None, None
+    for match in _JSON_TOKENS.finditer(text):
+        token = match.group()
+        if token in ("[", "{"):
+            depth += 1
+            if depth > MAX_DEPTH:
+                what = f"is nested deeper than {MAX_DEPTH} levels of [ and {{"
+                if field is None:
+                    raise RequestError(None, f"the request body {what}")
+                raise RequestError(field, f"{what}; no field needs more than 3")
+        elif token in ("]", "}"):
+            depth -= 1
+        elif token == ":":
+            if depth == 1 and last is not None:
+                field = last[1:-1][:40]
+        else:
+            last = token
 
 
 def _unknown(body: dict[str, object], allowed: set[str]) -> None:
