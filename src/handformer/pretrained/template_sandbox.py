@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import operator
 import re
 import string
@@ -237,11 +238,11 @@ def _check_replaced(meter: _Meter, s: object, old: object, new: object,
 
 def _check_power(meter: _Meter, left: object, right: object) -> None:
     if isinstance(left, int) and isinstance(right, int) and right > 0 and abs(left) > 1:
-        bits = left.bit_length() * right  # at most this many bits
+        bits = int(right * math.log2(abs(left))) + 1  # of the result, at most
         if bits > meter.limits.int_bits:
-            raise BudgetExceeded(f"{left.bit_length()}-bit {left if bits < 10**6 else '...'} ** "
-                                 f"{right} would have up to {bits} bits, above the sandbox's "
-                                 f"limit of {meter.limits.int_bits} bits")
+            raise BudgetExceeded(f"a power of about {bits} bits ({left.bit_length()}-bit base, "
+                                 f"exponent {right}) is above the sandbox's limit of "
+                                 f"{meter.limits.int_bits} bits")
 
 
 def _check_product(meter: _Meter, left: object, right: object) -> None:
@@ -518,8 +519,8 @@ class TemplateSandbox(ImmutableSandboxedEnvironment):
             args = (__self.counted(args[0]), *args[1:])
         else:
             name = getattr(__obj, "__name__", None) or getattr(__obj, "name", None) or "a call"
+            args = _check_method(meter, __obj, args, kwargs)  # what it would build, first
             _check_arguments(meter, args, kwargs, f"{name}()")
-            args = _check_method(meter, __obj, args, kwargs)
         result = super().call(__context, __obj, *args, **kwargs)
         if isinstance(result, (str, list, tuple, dict, int)):
             meter.check_size(result, "the result of a call")

@@ -27,7 +27,7 @@ __all__ = ["MAX_BODY", "WEIGHT_FORMATS", "RequestError", "BodyTooLarge", "RunReq
 
 MAX_BODY = 64 * 1024  # bytes in a request body
 MAX_DEPTH = 32  # levels of [ and { in a request body (the deepest field, heads, needs 3)
-MAX_NEW_TOKENS = 512
+MAX_NEW_TOKENS = 512  # with every head's attention streamed; text only: the model's context
 # How /api/run and /api/rollout send the viewer's 8-bit weights (the ``weights`` query
 # parameter): base64 inside the JSON, or raw bytes after a JSON header (see serve.wire).
 WEIGHT_FORMATS = ("json", "binary")
@@ -36,7 +36,7 @@ _ATTENTION_FIELDS = ("attention", "window_size", "stride", "global_tokens")
 _RUN_FIELDS = {"model", "text", "ids", "text_pair", "heads", "choose_head", *_ATTENTION_FIELDS}
 MAX_IDS = 8192  # token ids in one request (a causal model's text given as its tokens)
 _GENERATE_FIELDS = {"model", "text", "messages", "heads", "max_new_tokens", "temperature",
-                    "top_k", "top_p", "seed", *_ATTENTION_FIELDS}
+                    "top_k", "top_p", "seed", "text_only", *_ATTENTION_FIELDS}
 MAX_MESSAGES = 64  # turns of a chat conversation in one request
 _ROLES = ("system", "user", "assistant")
 
@@ -83,7 +83,8 @@ class RunRequest:
 @dataclass(frozen=True)
 class GenerateRequest:
     """A checked body of ``/api/generate`` (``text`` is the prompt; for a chat, ``messages``
-    rendered by the model's chat template, and ``chat`` is True)."""
+    rendered by the model's chat template, and ``chat`` is True; ``text_only``: no attention
+    in the token events, and the model's context as the limit instead of the viewer's)."""
 
     text: str
     attention: AttentionChoice
@@ -94,6 +95,7 @@ class GenerateRequest:
     top_p: float | None
     seed: int
     chat: bool = False
+    text_only: bool = False
 
 
 def parse_json(body: bytes) -> dict[str, object]:
@@ -217,6 +219,9 @@ def _attention(body: dict[str, object], state: ModelState) -> AttentionChoice:
     kind = body.get("attention")
     if kind is None:
         kind = default.kind
+    if kind is False:
+        raise RequestError("attention", 'names the attention kind; for text without attention '
+                                        'weights send "text_only": true')
     if not isinstance(kind, str) or kind not in KINDS:
         raise RequestError("attention", f"must be one of {', '.join(KINDS)}, got "
                                         f"{json.dumps(kind)[:40]}")
@@ -306,8 +311,15 @@ def parse_generate(body: dict[str, object], state: ModelState) -> GenerateReques
         raise RequestError("messages", "give either text (a prompt) or messages (a chat), "
                                        "not both")
     text = _chat_prompt(body, state) if chat else _text(body, "text", required=True)
+    text_only = body.get("text_only", False)
+    if not isinstance(text_only, bool):
+        raise RequestError("text_only", f"must be true or false, got "
+                                        f"{json.dumps(text_only)[:40]}")
     attention, heads = _attention(body, state), _heads(body, state)
-    max_new_tokens = _int(body, "max_new_tokens", 20, 1, MAX_NEW_TOKENS)
+    # Text only, a reply may run to the model's context; with attention, every token's line
+    # holds every head's weights, so the viewer's limit applies.
+    most = getattr(state, "context", MAX_NEW_TOKENS) if text_only else MAX_NEW_TOKENS
+    max_new_tokens = _int(body, "max_new_tokens", 20, 1, most)
     temperature, top_p = _number(body, "temperature"), _number(body, "top_p")
     top_k, seed = _integer(body, "top_k"), _integer(body, "seed")
     try:
@@ -318,7 +330,7 @@ def parse_generate(body: dict[str, object], state: ModelState) -> GenerateReques
         text, attention, heads, max_new_tokens=max_new_tokens,
         temperature=None if temperature is None else float(temperature), top_k=top_k,
         top_p=None if top_p is None else float(top_p), seed=0 if seed is None else seed,
-        chat=chat)
+        chat=chat, text_only=text_only)
 
 
 def _chat_prompt(body: dict[str, object], state: ModelState) -> str:
