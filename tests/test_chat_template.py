@@ -166,7 +166,8 @@ HOSTILE = {
     "nested range loops": (NESTED_LOOPS, "more than 100000 steps"),
     "loops over a list": ("{% set r = range(100000) | list %}{% for a in r %}{% for b in r %}"
                           "{% endfor %}{% endfor %}", "more than 100000 steps"),
-    "tower of powers": ("{{ ((9**999)**999)**999 }}", "bits (3167-bit base, exponent 999) is above"),
+    "tower of powers": ("{{ ((9**999)**999)**999 }}",
+                        "bits (3167-bit base, exponent 999) is above"),
     "doubling with ~": (DOUBLING, "a ~ concatenation of 1048576 items"),
     "doubling with +": (DOUBLING.replace("ns.s ~ ns.s", "ns.s + ns.s"), "a str of 1048576 items"),
     "900k-item join": ("{{ ((range(100000) | list) * 9) | join('x' * 999999) }}",

@@ -72,8 +72,8 @@ def _write(text: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from handformer.checks import MAX_INT
-    from handformer.pretrained.chat_template import ChatTemplateError
     from handformer.commands.common import check_sampling_flags
+    from handformer.pretrained.chat_template import ChatTemplateError
 
     check_sampling_flags(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                          seed=args.seed)  # before the (slow) model load

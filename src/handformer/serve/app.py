@@ -261,10 +261,11 @@ def create_app(state: ModelState | ModelRegistry, *, allowed_hosts: set[str] | N
         generating.add(client)
         try:
             model = await in_thread(registry.get, name)
-            # The checks render a chat template: a stranger's program, bounded by its budget
-            # (seconds), in its own slot, so that it never holds up the model work.
+            # A chat's checks render the model's chat template: a stranger's program, bounded
+            # by its budget (seconds), in its own slot, so that it never holds up model work.
+            chat = body.get("messages") is not None
             req = await anyio.to_thread.run_sync(parse_generate, body, model,
-                                                 limiter=template_slots)
+                                                 limiter=template_slots if chat else slots)
             gen = await in_thread(Generation, model, req)
         except BaseException:
             generating.discard(client)
