@@ -98,7 +98,11 @@ def test_a_template_being_refused_does_not_hold_up_the_server(state, monkeypatch
     results: dict[str, object] = {}
     with _client(_per_client(create_app(state))) as client:
         def slow(name: str) -> None:
-            results[name] = client.post("/api/generate", json=chat, headers={"x-client": name})
+            try:
+                results[name] = client.post("/api/generate", json=chat,
+                                            headers={"x-client": name})
+            except BaseException as exc:  # noqa: BLE001 - reported below, not lost
+                results[name] = exc
 
         threads = [threading.Thread(target=slow, args=(name,)) for name in ("a", "b")]
         threads[0].start()
@@ -114,12 +118,14 @@ def test_a_template_being_refused_does_not_hold_up_the_server(state, monkeypatch
         gate.set()
         for t in threads:
             t.join(60)
+    assert not any(t.is_alive() for t in threads)
     assert answered_while_held
     assert run.status_code == 200 and len(run.json()["next_token"]) == 5
     assert info.status_code == 200 and info.json()["chat_template"] is True
     assert gen.status_code == 200 and _lines(gen)[-1]["event"] == "end"
     for name in ("a", "b"):
         refused = results[name]
+        assert not isinstance(refused, BaseException), refused
         assert refused.status_code == 422 and refused.json()["field"] == "messages"
         assert refused.json()["error"] == (
             "messages: the chat template refused them: evil.gguf: chat template refused by the "
