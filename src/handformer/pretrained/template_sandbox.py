@@ -91,8 +91,9 @@ class _Meter:
         self.written = 0
         # Sizes of lists, tuples and dicts measured before (they cannot change inside the
         # immutable sandbox), by id, with the object to keep its id: shared parts are
-        # walked once.
+        # walked once. The objects it keeps alive hold at most 2 x items in all.
         self.sizes: dict[int, tuple[object, int]] = {}
+        self.cached = 0
 
     def step(self) -> None:
         self.steps += 1
@@ -158,7 +159,11 @@ class _Meter:
             elif isinstance(v, range):
                 total += len(v)
         if not mutable and total <= limit and isinstance(value, (list, tuple, dict)):
+            if self.cached + total > 2 * limit:
+                self.sizes.clear()
+                self.cached = 0
             self.sizes[id(value)] = (value, total)
+            self.cached += total
         return total
 
     def check_size(self, value: object, what: str) -> int:
