@@ -180,8 +180,8 @@ _ACTIVE: ContextVar[_Meter | None] = ContextVar("handformer_template_meter", def
 
 
 def _meter() -> _Meter:
-    """The current rendering's meter (a fresh default one outside :func:`metered`, e.g. for
-    the constants jinja folds while compiling)."""
+    """The current rendering's meter (a fresh default one outside :func:`metered`: a template
+    rendered with the environment directly still has the default budget, per call)."""
     meter = _ACTIVE.get()
     return _Meter(RenderBudget()) if meter is None else meter
 
