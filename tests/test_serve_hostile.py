@@ -210,6 +210,11 @@ def test_text_only_decodes_with_the_cache_and_gets_the_same_tokens(state, kind):
     assert [t["id"] for t in text if t["event"] == "token"] == [
         t["id"] for t in full if t["event"] == "token"]
     assert len([t for t in text if t["event"] == "token"]) == 8
+    from handformer.serve.generation import Generation
+    from handformer.serve.validation import parse_generate
+
+    assert Generation(state, parse_generate(body, state)).cache is None
+    assert Generation(state, parse_generate(body | {"text_only": True}, state)).cache is not None
 
 
 def test_text_only_runs_to_the_models_context(state):
