@@ -84,6 +84,9 @@ def render_chat_template(template: str, messages: Sequence[Mapping[str, str]], *
     except jinja2.TemplateSyntaxError as exc:
         raise ChatTemplateError(f"{where}chat template does not compile: line {exc.lineno}: "
                                 f"{exc.message}") from None
+    except (RecursionError, MemoryError, SyntaxError) as exc:  # e.g. 10,000 nested "("
+        raise ChatTemplateError(f"{where}chat template does not compile: "
+                                f"{type(exc).__name__}: {_one_line(exc)}") from None
     try:
         with metered(budget) as meter:
             pieces = []
