@@ -211,15 +211,21 @@ def test_hooks_last_one_call_and_one_thread() -> None:
     inside, other = threading.Event(), {}
 
     def run_other() -> None:
-        inside.wait()
-        other["out"] = enc(x).last_hidden_state
+        try:
+            assert inside.wait(60)
+            other["out"] = enc(x).last_hidden_state
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, not lost in the thread
+            other["error"] = exc
 
     thread = threading.Thread(target=run_other)
     thread.start()
     with hooks(enc, zero):
         inside.set()
-        thread.join()
+        thread.join(60)
         assert enc(x).last_hidden_state.abs().sum() == 0
+    assert not thread.is_alive()
+    if "error" in other:
+        raise other["error"]
     assert other["out"].abs().sum() > 0  # the other thread never saw the hook
 
 

@@ -70,14 +70,25 @@ def test_registry_concurrent_first_use_loads_once(folders):
         return ModelState(source, device=device)
 
     reg = ModelRegistry([str(lm), None], loader=loader)
-    got = []
-    threads = [threading.Thread(target=lambda: got.append(reg.get("all-MiniLM-L6-v2")))
-               for _ in range(4)]
+    got, errors = [], []
+    together = threading.Barrier(4)  # the four first uses start at once
+
+    def first_use() -> None:
+        try:
+            together.wait(timeout=60)
+            got.append(reg.get("all-MiniLM-L6-v2"))
+        except BaseException as exc:  # noqa: BLE001 - reported below, not lost in the thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first_use) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
-    assert loads.count(None) == 1 and len({id(g) for g in got}) == 1
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a first use never returned"
+    assert errors == []
+    assert len(got) == 4 and len({id(g) for g in got}) == 1
+    assert loads.count(None) == 1 and got[0].name == "all-MiniLM-L6-v2"
 
 
 def test_display_names(tmp_path):

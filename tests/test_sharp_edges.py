@@ -546,4 +546,10 @@ def test_json_is_not_touched_by_options() -> None:
     exc = OptionError("window_size", "must be a positive integer, got 0")
     assert str(exc) == "window_size must be a positive integer, got 0"
     assert isinstance(exc, ValueError)
-    assert json.dumps(str(exc))
+    assert (exc.name, exc.problem) == ("window_size", "must be a positive integer, got 0")
+    # The server's JSON error names the field and keeps the words (not the option's repr).
+    from handformer.serve.validation import _field_error
+
+    answer = _field_error(exc)
+    assert json.loads(json.dumps({"error": str(answer), "field": answer.field})) == {
+        "error": "window_size: must be a positive integer, got 0", "field": "window_size"}

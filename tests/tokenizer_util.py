@@ -56,22 +56,11 @@ def gemma_path() -> Path:
 
 
 def gguf_metadata(path: Path) -> dict[str, object]:
-    """A GGUF file's metadata as ``key -> python value`` (arrays as lists).
+    """A GGUF file's metadata as ``key -> python value`` (arrays as lists), read by
+    handformer's own reader (``read_gguf(path).metadata``)."""
+    from handformer.pretrained.gguf import read_gguf
 
-    handformer's own reader when it is there (``read_gguf(path).metadata``), else
-    ``gguf.GGUFReader`` (slower; it reads every array).
-    """
-    try:
-        from handformer.pretrained.gguf import read_gguf
-    except ImportError:
-        read_gguf = None
-    if read_gguf is not None:
-        return dict(read_gguf(path).metadata)
-    import gguf
-
-    reader = gguf.GGUFReader(path)
-    return {key: field.contents() for key, field in reader.fields.items()
-            if key.startswith(("tokenizer.", "general."))}
+    return dict(read_gguf(path).metadata)
 
 
 def write_tokenizer_gguf(path: Path, *, arch: str, model: str, tokens: list[str],

@@ -83,6 +83,7 @@ def _write(text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from handformer.checks import MAX_INT
     from handformer.commands.common import check_sampling_flags
+    from handformer.pretrained.chat_template import ChatTemplateError
 
     check_sampling_flags(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                          seed=args.seed)  # before the (slow) model load
@@ -113,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
             continue
         try:
             session.send(text, on_text=_write)
+        except ChatTemplateError as exc:  # no turn can be rendered: stop, exit 2
+            raise UsageError(str(exc)) from None
         except ValueError as exc:  # e.g. the history outgrew the context
             sys.stderr.write(f"handformer chat: {' '.join(str(exc).split())}\n")
             continue

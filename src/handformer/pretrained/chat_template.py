@@ -4,8 +4,11 @@ A model's chat template is a Jinja program shipped inside its files (``tokenizer
 or a GGUF file's ``tokenizer.chat_template``). It is a stranger's code, so it runs in jinja2's
 :class:`~jinja2.sandbox.ImmutableSandboxedEnvironment`: no attribute starting with ``_``
 (``__class__``, ``__globals__``, ...), no unsafe callables, no mutation of the messages. Any such
-reach is refused at once with one line (not silently rendered as empty text), and so are
-string or list repetitions and powers large enough to exhaust memory.
+reach is refused at once with one line (not silently rendered as empty text). A rendering also
+has a budget (:class:`~handformer.pretrained.template_sandbox.RenderBudget`: wall time, loop
+iterations and calls, characters written, the size of strings, lists and integers it builds),
+checked inside the sandbox as the template runs: a template that would loop for ever or fill
+the memory is refused in one line naming the file, within about the budget's time.
 
 What a template sees: ``messages`` (a list of ``{"role", "content"}``),
 ``add_generation_prompt``, the special tokens (``bos_token``, ``eos_token``, ...), the helpers
@@ -17,20 +20,28 @@ spaces (``trim_blocks``, ``lstrip_blocks``), as the templates on the Hub are wri
 from __future__ import annotations
 
 import json
-import operator
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-__all__ = ["render_chat_template", "check_messages", "MAX_REPEAT"]
+if TYPE_CHECKING:
+    from handformer.pretrained.template_sandbox import RenderBudget
 
-MAX_REPEAT = 1_000_000  # longest string / list a template may build by repetition
-MAX_EXPONENT = 1_000
+__all__ = ["render_chat_template", "check_messages", "ChatTemplateError"]
+
+MAX_JSON_INDENT = 16  # tojson(indent=...): more only multiplies the text
+
+
+class ChatTemplateError(ValueError):
+    """A chat template that does not compile, fails, reaches outside its sandbox or goes over
+    its budget: no prompt can be made with it."""
 
 
 def render_chat_template(template: str, messages: Sequence[Mapping[str, str]], *,
-                         add_generation_prompt: bool = True, **special: object) -> str:
-    """Render ``template`` for ``messages`` in a sandbox.
+                         add_generation_prompt: bool = True, source: str | None = None,
+                         budget: RenderBudget | None = None, **special: object) -> str:
+    """Render ``template`` for ``messages`` in a sandbox, within ``budget``.
 
     Args:
         template: the Jinja chat template.
@@ -38,6 +49,9 @@ def render_chat_template(template: str, messages: Sequence[Mapping[str, str]], *
             passed to the template as they are).
         add_generation_prompt: end with the opening of the assistant's turn, so the model
             writes the answer next.
+        source: where the template comes from (a file or folder), named in errors.
+        budget: the most the rendering may use (default: ``RenderBudget()``, 2 s, 100,000
+            steps, 4 M characters written, values of 1 M items, integers of 4096 bits).
         **special: more template variables, e.g. ``bos_token="<s>"``.
 
     Returns:
@@ -45,29 +59,53 @@ def render_chat_template(template: str, messages: Sequence[Mapping[str, str]], *
 
     Raises:
         TypeError: if ``template`` is not a string.
-        ValueError: for malformed messages, a template that does not compile, one that calls
-            ``raise_exception``, or one that reaches outside the sandbox.
+        ValueError: for malformed messages.
+        ChatTemplateError: (a ValueError) for a template that does not compile, one that calls
+            ``raise_exception`` or fails otherwise, one that reaches outside the sandbox or
+            goes over its budget.
     """
     import jinja2
+
+    from handformer.pretrained.template_sandbox import RenderBudget, metered
 
     if not isinstance(template, str):
         raise TypeError(f"template must be a string, got {type(template).__name__}")
     if not isinstance(add_generation_prompt, bool):
         raise TypeError(f"add_generation_prompt must be True or False, got "
                         f"{add_generation_prompt!r}")
+    if budget is None:
+        budget = RenderBudget()
+    elif not isinstance(budget, RenderBudget):
+        raise TypeError(f"budget must be a RenderBudget, got {type(budget).__name__}")
     messages = check_messages(messages)
+    where = "" if source is None else f"{source}: "
     try:
         compiled = _compile(template)
     except jinja2.TemplateSyntaxError as exc:
-        raise ValueError(f"chat template does not compile: line {exc.lineno}: {exc.message}"
-                         ) from None
+        raise ChatTemplateError(f"{where}chat template does not compile: line {exc.lineno}: "
+                                f"{exc.message}") from None
+    except (RecursionError, MemoryError, SyntaxError) as exc:  # e.g. 10,000 nested "("
+        raise ChatTemplateError(f"{where}chat template does not compile: "
+                                f"{type(exc).__name__}: {_one_line(exc)}") from None
     try:
-        return compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                               **special)
-    except jinja2.sandbox.SecurityError as exc:
-        raise ValueError(f"chat template refused by the sandbox: {_one_line(exc)}") from None
+        with metered(budget) as meter:
+            pieces = []
+            for piece in compiled.generate(messages=messages,
+                                           add_generation_prompt=add_generation_prompt,
+                                           **special):
+                meter.check_time()  # the prompt's length: concat below
+                pieces.append(piece)
+            return compiled.environment.concat(pieces)
+    except jinja2.sandbox.SecurityError as exc:  # the budget's refusals included
+        raise ChatTemplateError(f"{where}chat template refused by the sandbox: "
+                                f"{_one_line(exc)}") from None
     except jinja2.TemplateError as exc:  # raise_exception(...) and other template failures
-        raise ValueError(f"chat template failed: {_one_line(exc)}") from None
+        raise ChatTemplateError(f"{where}chat template failed: {_one_line(exc)}") from None
+    except MemoryError:  # what the budget did not foresee: still one line
+        raise ChatTemplateError(f"{where}chat template failed: it ran out of memory") from None
+    except Exception as exc:  # noqa: BLE001 - a stranger's program: any failure is its own
+        raise ChatTemplateError(f"{where}chat template failed: {type(exc).__name__}: "
+                                f"{_one_line(exc)}") from None
 
 
 def check_messages(messages: object) -> list[dict[str, object]]:
@@ -108,8 +146,11 @@ def _raise_exception(message: object) -> None:
     raise jinja2.TemplateError(str(message))
 
 
-def _tojson(value: object, ensure_ascii: bool = False, indent: int | None = None,
+def _tojson(value: object, ensure_ascii: bool = False, indent: int | str | None = None,
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    width = len(indent) if isinstance(indent, str) else indent
+    if isinstance(width, int) and width > MAX_JSON_INDENT:
+        raise ValueError(f"tojson's indent must be at most {MAX_JSON_INDENT}, got {indent!r}")
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                       sort_keys=sort_keys)
 
@@ -128,7 +169,9 @@ def _compile(template: str) -> object:
 def _environment() -> object:
     import jinja2.ext
     import jinja2.utils
-    from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+    from jinja2.sandbox import SecurityError
+
+    from handformer.pretrained.template_sandbox import TemplateSandbox
 
     class Namespace(jinja2.utils.Namespace):
         """``namespace(...)`` refusing names that start with ``_`` (stored attributes would
@@ -149,32 +192,9 @@ def _environment() -> object:
             if isinstance(name, str) and name.startswith("_"):
                 raise SecurityError(f"a namespace attribute may not start with '_': {name!r}")
 
-    class Sandbox(ImmutableSandboxedEnvironment):
-        """Refuses every unsafe attribute at once, and bounds ``*`` and ``**``."""
-
-        intercepted_binops = frozenset({"*", "**"})
-
-        def unsafe_undefined(self, obj: object, attribute: str) -> object:
-            raise SecurityError(f"access to attribute {attribute!r} of "
-                                f"{type(obj).__name__!r} object is unsafe")
-
-        def call_binop(self, context: object, operator_name: str, left: object, right: object
-                       ) -> object:
-            if operator_name == "**":
-                if isinstance(right, (int, float)) and abs(right) > MAX_EXPONENT:
-                    raise SecurityError(f"exponent {right} is above the sandbox's limit of "
-                                        f"{MAX_EXPONENT}")
-                return operator.pow(left, right)
-            for seq, times in ((left, right), (right, left)):
-                if isinstance(seq, (str, list, tuple)) and isinstance(times, int) \
-                        and len(seq) * times > MAX_REPEAT:
-                    raise SecurityError(f"a {type(seq).__name__} of length {len(seq)} "
-                                        f"repeated {times} times is above the sandbox's "
-                                        f"limit of {MAX_REPEAT} items")
-            return operator.mul(left, right)
-
-    env = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = _tojson
+    env = TemplateSandbox(trim_blocks=True, lstrip_blocks=True,
+                          extensions=[jinja2.ext.loopcontrols])
+    env.add_filter("tojson", _tojson)
     env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now,
                        namespace=Namespace)
     return env

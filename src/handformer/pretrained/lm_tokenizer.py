@@ -189,7 +189,9 @@ class LMTokenizer(TokenizerMethods):
 
         Raises:
             ValueError: if the model has no chat template, for malformed messages, or for a
-                template that fails or reaches outside its sandbox.
+                template that fails, reaches outside its sandbox or goes over its budget (a
+                :class:`~handformer.pretrained.chat_template.ChatTemplateError` naming the
+                file).
         """
         from handformer.pretrained.chat_template import render_chat_template
 
@@ -198,7 +200,7 @@ class LMTokenizer(TokenizerMethods):
                              "instruction-tuned one); pass the prompt as plain text instead")
         special = {"bos_token": self._token(self._bos), "eos_token": self._token(self.eos_token_id),
                    "pad_token": self._token(self._pad), "unk_token": self._token(self._unk)}
-        return render_chat_template(self.chat_template, messages,
+        return render_chat_template(self.chat_template, messages, source=self.name,
                                     add_generation_prompt=add_generation_prompt, **special)
 
     def _token(self, i: int | None) -> str:

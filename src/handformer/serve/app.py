@@ -51,6 +51,7 @@ from handformer.serve.wire import BINARY_TYPE, binary_body, json_body
 __all__ = ["create_app", "SecurityMiddleware", "require_starlette"]
 
 COMPUTE_SLOTS = 2  # model computations at the same time (each in its own thread and context)
+TEMPLATE_SLOTS = 1  # chat templates rendered at the same time (apart from the computations)
 _BAD_PATH = (b"..", b"%2e", b"%2f", b"%5c", b"\\", b"%00", b"\x00")
 
 
@@ -172,6 +173,7 @@ def create_app(state: ModelState | ModelRegistry, *, allowed_hosts: set[str] | N
     # Model work runs in worker threads, at most COMPUTE_SLOTS at a time: torch already
     # spreads one forward over the cores, and more at once only makes them fight for them.
     slots = anyio.CapacityLimiter(COMPUTE_SLOTS)
+    template_slots = anyio.CapacityLimiter(TEMPLATE_SLOTS)
 
     async def in_thread(fn: object, *args: object) -> object:
         return await anyio.to_thread.run_sync(fn, *args, limiter=slots)
@@ -256,13 +258,15 @@ def create_app(state: ModelState | ModelRegistry, *, allowed_hosts: set[str] | N
             return error(429, "a generation is already running for this client; stop it (or "
                               "let it finish) before starting another")
 
-        def begin() -> Generation:
-            model = registry.get(name)
-            return Generation(model, parse_generate(body, model))
-
         generating.add(client)
         try:
-            gen = await in_thread(begin)
+            model = await in_thread(registry.get, name)
+            # A chat's checks render the model's chat template: a stranger's program, bounded
+            # by its budget (seconds), in its own slot, so that it never holds up model work.
+            chat = body.get("messages") is not None
+            req = await anyio.to_thread.run_sync(parse_generate, body, model,
+                                                 limiter=template_slots if chat else slots)
+            gen = await in_thread(Generation, model, req)
         except BaseException:
             generating.discard(client)
             raise

@@ -43,14 +43,19 @@ class Generation:
     def __init__(self, state: ModelState, req: GenerateRequest) -> None:
         self.state, self.req = state, req
         self.model = state.variant(req.attention)
-        self.enc = encode(state, req.text, chat=req.chat)
+        # Text only, the model's context is the limit; with attention, the viewer's.
+        self.limit = state.context if req.text_only else state.max_tokens
+        self.enc = encode(state, req.text, chat=req.chat, limit=self.limit)
         ids = self.enc.batch["input_ids"]  # (1, L)
-        self.room = state.max_tokens - ids.shape[1]
+        self.room = self.limit - ids.shape[1]
         self.budget = min(req.max_new_tokens, self.room)
         self.sample = any(v is not None for v in (req.temperature, req.top_k, req.top_p))
         self.generator = torch.Generator(device=state.device).manual_seed(req.seed)
         self.eos = state.tokenizer.eos_token_id
-        self.cache = self.model.new_cache() if req.attention.kind in ("full", "strided") else None
+        # Every kind decodes with its cache when no weights are sent; with weights only full and
+        # strided do (the others' caches keep no per-key weights).
+        cached = req.text_only or req.attention.kind in ("full", "strided")
+        self.cache = self.model.new_cache() if cached else None
         self.pending: Tensor = ids  # what the next forward reads, (1, T)
         self.ids: list[int] = []
         self.labels: list[str] = []  # the label sent for each generated token
@@ -63,13 +68,13 @@ class Generation:
         if self.budget < self.req.max_new_tokens:
             notices.append(f"max_new_tokens cut to {self.budget}: the prompt leaves room for "
                            f"{self.room} tokens within "
-                           f"{limit_words(self.state, self.state.max_tokens)}")
+                           f"{limit_words(self.state, self.limit)}")
         if self.budget <= 0:
             self.done = True
         return {"event": "start", "model": self.state.name, "model_type": "causal-lm",
                 "attention": self.req.attention.as_dict(),
                 "heads_ablated": [list(h) for h in self.req.heads],
-                "prompt": self.req.text, "chat": self.req.chat,
+                "prompt": self.req.text, "chat": self.req.chat, "text_only": self.req.text_only,
                 "prompt_ids": self.enc.batch["input_ids"][0].tolist(),
                 "prompt_tokens": self.enc.tokens, "notices": notices}
 
@@ -81,13 +86,14 @@ class Generation:
         token: empty while a character is still incomplete, never half of one), ``relabel``
         (``{index: label}`` for earlier generated tokens whose label changed now that their
         character is complete), and ``attention``: per layer, per head, the weights of the
-        query that chose the token over every earlier token (``N x H x L``).
+        query that chose the token over every earlier token (``N x H x L``; left out for a
+        ``text_only`` request, whose forward passes compute no weights).
         """
         if self.done:
             cut = self.budget < self.req.max_new_tokens
             return self._end("context" if cut else "max_new_tokens")
         with torch.inference_mode(), ablated(self.model, self.req.heads):
-            out = self.model(self.pending, cache=self.cache, need_weights=True)
+            out = self.model(self.pending, cache=self.cache, need_weights=not self.req.text_only)
         new = torch.tensor([[0]], device=self.state.device)  # (1, 1), the id set below
         logits = out.logits[0, -1].float()  # (V,)
         if self.sample:
@@ -98,8 +104,6 @@ class Generation:
                                           generator=self.generator))
         else:
             token = int(logits.argmax())
-        rows = torch.stack([a[0, :, -1, :].float() for a in out.attentions])  # (N, H, L)
-        rows = torch.round(rows * 10**DIGITS) / 10**DIGITS
         self.ids.append(token)
         new[0, 0] = token
         self.pending = new if self.cache is not None else torch.cat([self.pending, new], 1)
@@ -116,11 +120,14 @@ class Generation:
         text = self.stream.push(token)
         if finished:
             text += self.stream.finish()
-        return {"event": "token", "index": len(self.ids) - 1, "id": token,
-                "token": window[-1], "text": text, "relabel": relabel,
-                "prob": round(float(torch.softmax(logits.double(), -1)[token]), 6),
-                "eos": token == self.eos,
-                "attention": rows.tolist()}
+        event = {"event": "token", "index": len(self.ids) - 1, "id": token,
+                 "token": window[-1], "text": text, "relabel": relabel,
+                 "prob": round(float(torch.softmax(logits.double(), -1)[token]), 6),
+                 "eos": token == self.eos}
+        if not self.req.text_only:
+            rows = torch.stack([a[0, :, -1, :].float() for a in out.attentions])  # (N, H, L)
+            event["attention"] = (torch.round(rows * 10**DIGITS) / 10**DIGITS).tolist()
+        return event
 
     def _end(self, reason: str) -> dict[str, object]:
         if self.ids and self.ids[-1] == self.eos:

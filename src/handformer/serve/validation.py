@@ -14,6 +14,7 @@ temperatures and negative seeds are refused).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from handformer.attention.registry import MisplacedOption, check_kind_options
@@ -25,7 +26,8 @@ __all__ = ["MAX_BODY", "WEIGHT_FORMATS", "RequestError", "BodyTooLarge", "RunReq
            "GenerateRequest", "parse_json", "parse_run", "parse_generate", "parse_weights_format"]
 
 MAX_BODY = 64 * 1024  # bytes in a request body
-MAX_NEW_TOKENS = 512
+MAX_DEPTH = 32  # levels of [ and { in a request body (the deepest field, heads, needs 3)
+MAX_NEW_TOKENS = 512  # with every head's attention streamed; text only: the model's context
 # How /api/run and /api/rollout send the viewer's 8-bit weights (the ``weights`` query
 # parameter): base64 inside the JSON, or raw bytes after a JSON header (see serve.wire).
 WEIGHT_FORMATS = ("json", "binary")
@@ -35,7 +37,7 @@ _RUN_FIELDS = {"model", "text", "ids", "text_pair", "heads", "choose_head", "inc
                *_ATTENTION_FIELDS}
 MAX_IDS = 8192  # token ids in one request (a causal model's text given as its tokens)
 _GENERATE_FIELDS = {"model", "text", "messages", "heads", "max_new_tokens", "temperature",
-                    "top_k", "top_p", "seed", *_ATTENTION_FIELDS}
+                    "top_k", "top_p", "seed", "text_only", *_ATTENTION_FIELDS}
 MAX_MESSAGES = 64  # turns of a chat conversation in one request
 _ROLES = ("system", "user", "assistant")
 
@@ -85,7 +87,8 @@ class RunRequest:
 @dataclass(frozen=True)
 class GenerateRequest:
     """A checked body of ``/api/generate`` (``text`` is the prompt; for a chat, ``messages``
-    rendered by the model's chat template, and ``chat`` is True)."""
+    rendered by the model's chat template, and ``chat`` is True; ``text_only``: no attention
+    in the token events, and the model's context as the limit instead of the viewer's)."""
 
     text: str
     attention: AttentionChoice
@@ -96,6 +99,7 @@ class GenerateRequest:
     top_p: float | None
     seed: int
     chat: bool = False
+    text_only: bool = False
 
 
 def parse_json(body: bytes) -> dict[str, object]:
@@ -108,15 +112,45 @@ def parse_json(body: bytes) -> dict[str, object]:
         raise RequestError(None, "the request body is empty; send a JSON object such as "
                                  '{"text": "..."}')
     try:
-        value = json.loads(body.decode("utf-8"))
+        text = body.decode("utf-8")
     except UnicodeDecodeError:
         raise RequestError(None, "the request body is not UTF-8 text") from None
+    _check_depth(text)  # before the parser recurses that deep
+    try:
+        value = json.loads(text)
     except ValueError as exc:
         raise RequestError(None, f"the request body is not valid JSON ({exc})") from None
     if not isinstance(value, dict):
         raise RequestError(None, f"the request body must be a JSON object, got "
                                  f"{type(value).__name__}")
     return value
+
+
+_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[][{}:]')
+
+
+def _check_depth(text: str) -> None:
+    """Refuse JSON nested deeper than :data:`MAX_DEPTH`, naming the top-level field it is in
+    (read from the brackets and strings alone: the parser would recurse that deep)."""
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return
+    depth, field, last = 0, None, None
+    for match in _JSON_TOKENS.finditer(text):
+        token = match.group()
+        if token in ("[", "{"):
+            depth += 1
+            if depth > MAX_DEPTH:
+                what = f"is nested deeper than {MAX_DEPTH} levels of [ and {{"
+                if field is None:
+                    raise RequestError(None, f"the request body {what}")
+                raise RequestError(field, f"{what}; no field needs more than 3")
+        elif token in ("]", "}"):
+            depth -= 1
+        elif token == ":":
+            if depth == 1 and last is not None:
+                field = last[1:-1][:40]
+        else:
+            last = token
 
 
 def _unknown(body: dict[str, object], allowed: set[str]) -> None:
@@ -189,6 +223,9 @@ def _attention(body: dict[str, object], state: ModelState) -> AttentionChoice:
     kind = body.get("attention")
     if kind is None:
         kind = default.kind
+    if kind is False:
+        raise RequestError("attention", 'names the attention kind; for text without attention '
+                                        'weights send "text_only": true')
     if not isinstance(kind, str) or kind not in KINDS:
         raise RequestError("attention", f"must be one of {', '.join(KINDS)}, got "
                                         f"{json.dumps(kind)[:40]}")
@@ -280,8 +317,15 @@ def parse_generate(body: dict[str, object], state: ModelState) -> GenerateReques
         raise RequestError("messages", "give either text (a prompt) or messages (a chat), "
                                        "not both")
     text = _chat_prompt(body, state) if chat else _text(body, "text", required=True)
+    text_only = body.get("text_only", False)
+    if not isinstance(text_only, bool):
+        raise RequestError("text_only", f"must be true or false, got "
+                                        f"{json.dumps(text_only)[:40]}")
     attention, heads = _attention(body, state), _heads(body, state)
-    max_new_tokens = _int(body, "max_new_tokens", 20, 1, MAX_NEW_TOKENS)
+    # Text only, a reply may run to the model's context; with attention, every token's line
+    # holds every head's weights, so the viewer's limit applies.
+    most = getattr(state, "context", MAX_NEW_TOKENS) if text_only else MAX_NEW_TOKENS
+    max_new_tokens = _int(body, "max_new_tokens", 20, 1, most)
     temperature, top_p = _number(body, "temperature"), _number(body, "top_p")
     top_k, seed = _integer(body, "top_k"), _integer(body, "seed")
     try:
@@ -292,7 +336,7 @@ def parse_generate(body: dict[str, object], state: ModelState) -> GenerateReques
         text, attention, heads, max_new_tokens=max_new_tokens,
         temperature=None if temperature is None else float(temperature), top_k=top_k,
         top_p=None if top_p is None else float(top_p), seed=0 if seed is None else seed,
-        chat=chat)
+        chat=chat, text_only=text_only)
 
 
 def _chat_prompt(body: dict[str, object], state: ModelState) -> str:
