@@ -43,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, metavar="S",
                         help="random seed for sampling (default 0)")
     add_device_argument(parser)
+    parser.add_argument("--quantize", choices=["int8"], default=None,
+                        help="int8 weights for the linear layers (CPU; see docs/llms.md)")
 
 
 def open_session(args: argparse.Namespace, max_new_tokens: int) -> object:
@@ -55,7 +57,7 @@ def open_session(args: argparse.Namespace, max_new_tokens: int) -> object:
     from handformer.pretrained.chat import ChatSession, check_chat_model
 
     device = resolve_device(args.device)
-    model, tokenizer = load_lm(args.model, device=device)
+    model, tokenizer = load_lm(args.model, device=device, quantize=args.quantize)
     try:
         check_chat_model(tokenizer, str(args.model))
         return ChatSession(model, tokenizer, system=args.system, max_new_tokens=max_new_tokens,

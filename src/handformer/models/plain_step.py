@@ -146,6 +146,10 @@ def plain_step_refusal(model: nn.Module, cache: DecodingCache | None) -> str | N
             return f"layer {i} has a norm of another type"
         if type(layer.ff) not in (FeedForward, GatedFeedForward):
             return f"layer {i}'s MLP is a {type(layer.ff).__name__}"
+    other = next((n for n, m in model.named_modules()
+                  if hasattr(m, "in_features") and type(m) is not nn.Linear), None)
+    if other is not None:  # e.g. int8 (handformer.models.quantized): the modules run them
+        return f"{other} is a {type(model.get_submodule(other)).__name__}, not an nn.Linear"
     if model.norm is not None and type(model.norm) not in (LayerNorm, RMSNorm, nn.LayerNorm):
         return "the final norm is of another type"
     if (getattr(torch_module, "_global_forward_hooks", None)
