@@ -27,8 +27,8 @@ PROMPTS = {
                "books, and ideas travelled faster than ever before.",
     "chinese": "北京是中国的首都，有三千多年的历史。这座城市有许多著名的景点，比如故宫、天坛和"
                "长城。每年都有成千上万的游客来这里参观，品尝北京烤鸭。",
-    "code": "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    a, b = 0, 1\n"
-            "    for _ in range(n):\n        a, b = b, a + b\n    return a\n\n\n"
+    "code": "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+            "    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n\n\n"
             "for i in range(10):\n    print(i, fibonacci(i))\n",
 }
 
