@@ -117,9 +117,22 @@ def test_generate_with_the_cache_matches_the_full_recompute(llama_dir: Path):
     q, _ = load_lm(llama_dir, tokenizer=False, quantize="int8")
     ids = torch.tensor([[3, 14, 15, 9, 26]])
     with torch.inference_mode():
-        cached = q.generate(ids, max_new_tokens=6)
+        cached = q.generate(ids, max_new_tokens=6)  # the plain decoding step
+        modules = q.generate(ids, max_new_tokens=6, plain_step=False)
         full = q.generate(ids, max_new_tokens=6, use_cache=False)
-    assert torch.equal(cached, full)
+    assert torch.equal(cached, full) and torch.equal(modules, full)
+    # The plain step takes int8 layers (their own products, nothing dequantized) and gives
+    # the modules' logits.
+    cache = q.new_cache()
+    with torch.inference_mode():
+        q(ids, cache=cache)
+        step = q.plain_decode_step(cache)
+        assert step is not None
+        logits = step(torch.tensor([7]))
+        again = q.new_cache()
+        q(ids, cache=again)
+        ref = q(torch.tensor([[7]]), cache=again).logits[:, -1]
+    torch.testing.assert_close(logits, ref, atol=1e-5, rtol=1e-5)
 
 
 @pytest.fixture(scope="module")
