@@ -178,3 +178,31 @@ def test_hooks_and_cache_see_the_float_activations(smollm2, smollm2_int8):
     resid = cache.accumulated_resid(apply_ln=True)[-1, 0, -1]  # (E,)
     direct = (resid * smollm2_int8.norm.weight) @ smollm2_int8.lm_head.weight.T  # (V,)
     assert float((direct - out.logits[0, -1]).abs().max()) < 0.01
+
+
+def test_generate_command_takes_quantize(llama_dir: Path, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch):
+    import shutil
+
+    from cli_util import run_cli
+
+    import handformer.pretrained.lm as lm
+
+    seen = []
+    real = lm.load_lm
+    monkeypatch.setattr(lm, "load_lm", lambda *a, **k: seen.append(k.get("quantize"))
+                        or real(*a, **k))
+    tok = pytest.importorskip("tokenizers")
+    folder = Path(shutil.copytree(llama_dir, tmp_path / "llama"))
+    vocab = {chr(48 + i): i for i in range(61)}  # "0" ... "l", the model's 61 ids
+    tokenizer = tok.Tokenizer(tok.models.WordLevel(vocab, unk_token="0"))
+    tokenizer.pre_tokenizer = tok.pre_tokenizers.Split("", "isolated")
+    tokenizer.save(str(folder / "tokenizer.json"))
+    code, out, err = run_cli(capsys, ["generate", "--model", str(folder), "--prompt", "abc",
+                                      "--max-new-tokens", "3", "--quantize", "int8"])
+    assert code == 0, err
+    assert seen == ["int8"] and out.strip()
+    code, _, err = run_cli(capsys, ["generate", "--model", str(folder), "--prompt", "abc",
+                                    "--quantize", "int4"])
+    assert code == 2 and "--quantize: invalid choice: 'int4'" in err
