@@ -14,14 +14,15 @@ in int8; each call quantizes its input on the fly (one scale per call, from the 
 range), multiplies in integers and scales back to float32.
 
 The kernel is PyTorch's own (``torch.ops.quantized.linear_dynamic``, FBGEMM with VNNI on
-x86): measured on this project's host (benchmarks/bench_llm.py's ``--int8`` section and the
-numbers in docs/llms.md), a 49,152 x 576 matrix-vector product takes about 1.2 ms against
-float32's 10-19 ms, and a 512-token prefill's products about 7x less. torchao 0.18 (the
-successor PyTorch points to; it installs on torch 2.13 without pulling another torch) was
-measured on the same shapes and is slower on the CPU: its int8 weight-only path 40-60x
-slower than FBGEMM on the matrix-vector product (about 8x with ``torch.compile`` and dynamic
-activations), so it is not used. ``torch.ao``'s quantized tensors are deprecated; if they go,
-this module is the one place to change.
+x86). Measured on this project's 2-core host, one thread: a 49,152 x 576 matrix-vector
+product (SmolLM2's LM head) 1.2 ms against float32's 10-19 ms; 1,536 x 576 over 512 tokens
+3.0 ms against 22.7 ms. torchao 0.18 (the successor PyTorch points to; it installs on torch
+2.13 with no dependency, so without another torch) is slower on the CPU for the same
+shapes: its int8 weight-only path 58 ms for the LM head product, its dynamic int8 path 92 ms
+(9 ms under ``torch.compile``); ``torch._weight_int8pack_mm`` (weight-only) 83 ms. So they are
+not used. ``torch.ao``'s quantized tensors are deprecated; if they go, this module is the one
+place to change (docs/llms.md, "Quantized inference", has the figures and what int8 changes
+for interpretability).
 
 Reading ``Int8Linear.weight`` returns the *dequantized* float32 matrix (``s_r * q_r``), a new
 tensor each time: the weights the model actually multiplies by, so direct logit attribution,
