@@ -7,6 +7,7 @@ reference, rows with no allowed key included, and to ``masked_fill``'s exact sem
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from handformer.attention.functional import masked_scores, masked_softmax
@@ -56,14 +57,16 @@ def test_a_masked_key_cannot_poison_the_row():
     torch.testing.assert_close(pattern[..., :6].double(), ref, atol=1e-6, rtol=1e-6)
 
 
-def test_fast_path_equals_the_general_formula_bit_for_bit():
-    """With no empty row the shortcut is the very softmax of the general formula."""
-    q, k, _ = _inputs(5, 9)
+@pytest.mark.parametrize("D", [8, 16, 64])  # scales 1/sqrt(8), then powers of two
+def test_fast_path_equals_the_general_formula_bit_for_bit(D: int):
+    """With no empty row the shortcut is the very softmax of the general formula; the
+    scores are ``(q k^T) * scale`` masked, bit for bit, whichever way the scale is applied."""
+    q, k, _ = _inputs(5, 9, D)
     kind = FullAttention()
     scores = kind.scores(q, k, causal=True)
     empty = torch.isneginf(scores).all(dim=-1, keepdim=True)
     general = torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
     assert torch.equal(kind.normalize(scores), general)
-    expected = (torch.matmul(q, k.transpose(-2, -1)) * (1 / 8 ** 0.5)).masked_fill(
+    expected = (torch.matmul(q, k.transpose(-2, -1)) * (1 / D ** 0.5)).masked_fill(
         ~torch.ones(5, 9).tril(4).bool(), float("-inf"))
     assert torch.equal(scores, expected)

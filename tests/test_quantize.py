@@ -185,9 +185,8 @@ def test_generate_command_takes_quantize(llama_dir: Path, tmp_path: Path,
                                          monkeypatch: pytest.MonkeyPatch):
     import shutil
 
-    from cli_util import run_cli
-
     import handformer.pretrained.lm as lm
+    from cli_util import run_cli
 
     seen = []
     real = lm.load_lm

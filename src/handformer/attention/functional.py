@@ -169,8 +169,12 @@ def masked_scores(q: Tensor, k: Tensor, mask: Tensor | None, *, causal: bool = F
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-    # In place on the fresh product: one (..., L_q, L_k) tensor less to allocate (and fault in).
-    scores = torch.matmul(q.to(compute), k.to(compute).transpose(-2, -1)).mul_(scale)
+    q = q.to(compute)
+    if math.frexp(scale)[0] == 0.5:  # a power of two (1/8 for D = 64): scaling q first gives
+        # the same bits (no rounding either way) on an L_k / D times smaller tensor
+        scores = torch.matmul(q * scale, k.to(compute).transpose(-2, -1))
+    else:  # in place on the fresh product: one (..., L_q, L_k) tensor less to allocate
+        scores = torch.matmul(q, k.to(compute).transpose(-2, -1)).mul_(scale)
     scores = soft_cap(scores, softcap)  # (..., L_q, L_k)
     combined = combine_masks(mask, causal, L_q, L_k, q.device)
     if allowed is not None:
