@@ -175,8 +175,9 @@ def test_hooks_and_cache_see_the_float_activations(smollm2, smollm2_int8):
     assert float((cache["pattern", 3] - ref["pattern", 3]).abs().max()) < 0.1
     # Direct logit attribution reads W_U from the int8 head (dequantized): the final
     # residual through the final norm's weight and W_U gives the model's logits back.
-    resid = cache.accumulated_resid(apply_ln=True)[-1, 0, -1]  # (E,)
-    direct = (resid * smollm2_int8.norm.weight) @ smollm2_int8.lm_head.weight.T  # (V,)
+    with torch.no_grad():
+        resid = cache.accumulated_resid(apply_ln=True)[-1, 0, -1]  # (E,)
+        direct = (resid * smollm2_int8.norm.weight) @ smollm2_int8.lm_head.weight.T  # (V,)
     assert float((direct - out.logits[0, -1]).abs().max()) < 0.01
 
 
