@@ -63,6 +63,18 @@ def test_an_outlier_channel_keeps_the_small_entries():
     assert float((out.double() - ref).abs().max()) < 0.05 * float(ref.abs().max()) / 100
 
 
+def test_a_deep_copy_shares_the_int8_weights():
+    import copy
+
+    layer = Int8Linear(torch.randn(6, 5), torch.randn(6))
+    twin = copy.deepcopy(layer)
+    assert twin._packed is layer._packed and twin.bias is not layer.bias
+    x = torch.randn(2, 5)
+    torch.testing.assert_close(twin(x), layer(x), atol=0, rtol=0)
+    shared = copy.deepcopy(layer, memo={id(layer.bias): layer.bias})  # as serve's variants
+    assert shared.bias is layer.bias
+
+
 def test_options_are_checked():
     assert check_quantize(None) is None and check_quantize("int8") == "int8"
     with pytest.raises(ValueError, match=r"quantize must be None or one of \['int8'\], got 'int4'"):
@@ -181,11 +193,23 @@ def test_hooks_and_cache_see_the_float_activations(smollm2, smollm2_int8):
     assert float((direct - out.logits[0, -1]).abs().max()) < 0.01
 
 
-def test_generate_command_takes_quantize(llama_dir: Path, tmp_path: Path,
-                                         capsys: pytest.CaptureFixture[str],
-                                         monkeypatch: pytest.MonkeyPatch):
+@pytest.fixture(scope="module")
+def llama_tok_dir(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama with a character tokenizer (what the commands and the server need)."""
     import shutil
 
+    tok = pytest.importorskip("tokenizers")
+    folder = Path(shutil.copytree(llama_dir, tmp_path_factory.mktemp("tok") / "llama"))
+    vocab = {chr(48 + i): i for i in range(61)}  # "0" ... "l", the model's 61 ids
+    tokenizer = tok.Tokenizer(tok.models.WordLevel(vocab, unk_token="0"))
+    tokenizer.pre_tokenizer = tok.pre_tokenizers.Split("", "isolated")
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def test_generate_command_takes_quantize(llama_tok_dir: Path,
+                                         capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch):
     import handformer.pretrained.lm as lm
     from cli_util import run_cli
 
@@ -193,12 +217,7 @@ def test_generate_command_takes_quantize(llama_dir: Path, tmp_path: Path,
     real = lm.load_lm
     monkeypatch.setattr(lm, "load_lm", lambda *a, **k: seen.append(k.get("quantize"))
                         or real(*a, **k))
-    tok = pytest.importorskip("tokenizers")
-    folder = Path(shutil.copytree(llama_dir, tmp_path / "llama"))
-    vocab = {chr(48 + i): i for i in range(61)}  # "0" ... "l", the model's 61 ids
-    tokenizer = tok.Tokenizer(tok.models.WordLevel(vocab, unk_token="0"))
-    tokenizer.pre_tokenizer = tok.pre_tokenizers.Split("", "isolated")
-    tokenizer.save(str(folder / "tokenizer.json"))
+    folder = llama_tok_dir
     code, out, err = run_cli(capsys, ["generate", "--model", str(folder), "--prompt", "abc",
                                       "--max-new-tokens", "3", "--quantize", "int8"])
     assert code == 0, err
@@ -206,3 +225,13 @@ def test_generate_command_takes_quantize(llama_dir: Path, tmp_path: Path,
     code, _, err = run_cli(capsys, ["generate", "--model", str(folder), "--prompt", "abc",
                                     "--quantize", "int4"])
     assert code == 2 and "--quantize: invalid choice: 'int4'" in err
+
+
+def test_serve_state_loads_int8_and_its_variants_share_the_weights(llama_tok_dir: Path):
+    from handformer.serve.state import AttentionChoice, ModelState
+
+    state = ModelState(str(llama_tok_dir), quantize="int8")
+    local = state.variant(AttentionChoice("local", window_size=3))
+    base_q = state.model.layers[0].self_attn.q_proj
+    assert type(base_q) is Int8Linear
+    assert local.layers[0].self_attn.q_proj._packed is base_q._packed

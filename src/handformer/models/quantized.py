@@ -31,6 +31,7 @@ tensor each time: the weights the model actually multiplies by, so direct logit 
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -137,8 +138,17 @@ class Int8Linear(nn.Module):
         return y if self.bias is None else y + self.bias
 
     def __deepcopy__(self, memo: dict) -> Int8Linear:
-        return type(self)(self.weight, None if self.bias is None
-                          else nn.Parameter(self.bias.detach().clone(), requires_grad=False))
+        """A copy that shares the packed int8 weights (nothing writes them: a model's variant,
+        e.g. ``handformer serve``'s per-attention copies, costs no second copy); the bias is
+        copied as ``copy.deepcopy`` copies parameters (``memo`` may share it)."""
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        nn.Module.__init__(new)
+        new.out_features, new.in_features, new.training = (self.out_features,
+                                                           self.in_features, self.training)
+        new._packed = self._packed
+        new.bias = copy.deepcopy(self.bias, memo)
+        return new
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
