@@ -346,10 +346,11 @@ def build_causal_lm(hf_config: Mapping[str, object], state: Mapping[str, Tensor]
     for name, value in values.items():
         owner, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(owner), leaf, nn.Parameter(value))
-    if config.tie_weights and installer is not None:  # type: ignore[attr-defined]
-        installer.tie(model.tok_emb.weight)
-    elif config.tie_weights:  # type: ignore[attr-defined]
-        model.lm_head.weight = model.tok_emb.weight
+    if config.tie_weights:  # type: ignore[attr-defined]
+        if installer is not None:
+            installer.tie(model.tok_emb.weight)  # an int8 copy; the embedding stays float
+        else:
+            model.lm_head.weight = model.tok_emb.weight
     left = [n for n, p in model.named_parameters() if p.device.type == "meta"]
     if left:  # a key map that misses a parameter: a bug here, not in the file
         raise RuntimeError(f"the {family.name} key map leaves parameters unloaded: {left}")
@@ -489,9 +490,8 @@ def load_lm(source: str | os.PathLike, *, dtype: torch.dtype | None = None,
         attention: an attention kind (or a zero-argument factory) for every layer, replacing
             the configured ones with the same weights (as ``load_bert`` does).
         tokenizer: load the tokenizer too; False loads the model alone, quietly.
-        quantize: ``"int8"``: int8 weights for every linear layer, quantized tensor by tensor
-            as they are read (activations, embedding and norms stay float32; CPU only; see
-            :mod:`handformer.models.quantized`). None (default): float.
+        quantize: ``"int8"``: int8 linear layers, quantized tensor by tensor as they are read
+            (float32 activations; CPU; :mod:`handformer.models.quantized`). None: float.
 
     Returns:
         ``(model, tokenizer)``: the model in eval mode; the folder's tokenizer
@@ -508,8 +508,7 @@ def load_lm(source: str | os.PathLike, *, dtype: torch.dtype | None = None,
             truncated or corrupt files, and keys that do not match the config (every one
             listed, in the file's names); no model is returned.
         TypeError: for a non-floating ``dtype``, a bad ``attention`` or ``tokenizer``.
-        ValueError: for a ``quantize`` other than None or ``"int8"`` (or with a dtype other
-            than float32, or a device other than the CPU).
+        ValueError: for a ``quantize`` other than None or ``"int8"`` (or not float32 on CPU).
     """
     return _load(source, dtype=dtype, device=device, attention=attention,
                  tokenizer=tokenizer, caller="load_lm", quantize=quantize)
