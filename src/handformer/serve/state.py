@@ -100,7 +100,8 @@ def _is_causal_folder(folder: str | Path) -> bool:
     return is_causal_source(folder)
 
 
-def _load_causal(source: str | Path, device: torch.device) -> tuple[nn.Module, object]:
+def _load_causal(source: str | Path, device: torch.device, quantize: str | None = None
+                 ) -> tuple[nn.Module, object]:
     """``load_lm``'s model and tokenizer (a ``handformer train`` run's character vocabulary
     where it has no other)."""
     import warnings
@@ -109,7 +110,7 @@ def _load_causal(source: str | Path, device: torch.device) -> tuple[nn.Module, o
 
     with warnings.catch_warnings():  # a missing tokenizer is said below, in one line
         warnings.filterwarnings("ignore", message=".*has no tokenizer.*")
-        model, tokenizer = load_lm(source, device=device)
+        model, tokenizer = load_lm(source, device=device, quantize=quantize)
     path = Path(source)
     folder = path if path.is_dir() else path.parent
     if tokenizer is None and (folder / "vocab.json").is_file():
@@ -130,6 +131,7 @@ class ModelState:
             :func:`~handformer.pretrained.load_lm` reads: a GPT-2 / Llama / Mistral / Qwen /
             Gemma / ``handformer train`` folder, a ``.gguf`` file or a shipped name.
         device: where the model runs.
+        quantize: "int8" for int8 linear layers in a causal LM (see ``load_lm``); None: float.
 
     Attributes:
         causal: True for a causal language model, False for an encoder.
@@ -149,14 +151,15 @@ class ModelState:
         FileNotFoundError, ValueError: from the loaders, for folders that are not models.
     """
 
-    def __init__(self, folder: str | Path | None = None, *, device: str = "cpu") -> None:
+    def __init__(self, folder: str | Path | None = None, *, device: str = "cpu",
+                 quantize: str | None = None) -> None:
         self.device = torch.device(device)
         path = None if folder is None else Path(folder)
         self.causal = folder is not None and _is_causal_folder(
             folder if isinstance(folder, str) else path)
         if self.causal:
             model, tokenizer = _load_causal(folder if isinstance(folder, str) else path,
-                                            self.device)
+                                            self.device, quantize)
             c = model.config
             self.num_layers, self.num_heads, self.max_tokens = c.num_layers, c.num_heads, c.max_len
             self.embed_tokens = self.max_tokens
