@@ -33,6 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("inspect",),  # hook points read, caches, ablations: stands on models and pretrained
     ("viz",),  # draws what inspect computes
     ("train",),  # its plots use viz
+    ("features",),  # dictionaries, loaders, splicing: stands on inspect (and train's trainer)
     ("handformer",),  # the package __init__: re-exports what lies below
     ("serve",),  # stands on inspect and viz
     ("commands",),  # the only place that parses arguments
