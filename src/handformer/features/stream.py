@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from handformer.features.corpus import Corpus, as_corpus
+from handformer.features.corpus import as_corpus
 from handformer.inspect.points import hook_points, unknown_name_message
 
 __all__ = ["tokenize_corpus", "TokenWindows", "ActivationReader", "Site", "parse_sites",
@@ -243,7 +243,3 @@ def windows_for(model: nn.Module, corpus: object | Tensor, tokenizer: object | N
         raise ValueError(f"corpus token ids run from {int(ids.min())} to {int(ids.max())}, "
                          f"outside the model's vocabulary [0, {vocab})")
     return TokenWindows(ids, context, bos=bos, seed=seed)
-
-
-def _unused(_: Corpus) -> None:  # keeps the import of Corpus for type readers
-    return None
