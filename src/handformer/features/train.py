@@ -52,8 +52,8 @@ from handformer.train import checkpoint as ckpt
 from handformer.train import distributed as D
 from handformer.train.schedule import Schedule
 
-__all__ = ["SAETrainConfig", "TrainDictionaryResult", "train_dictionary", "OPTIONS_NAME",
-           "DICTIONARIES"]
+__all__ = ["SAETrainConfig", "TrainDictionaryResult", "train_dictionary",
+           "train_on_activations", "OPTIONS_NAME", "DICTIONARIES"]
 
 OPTIONS_NAME = "train_sae.json"
 METRICS_NAME = "metrics.jsonl"
@@ -185,10 +185,6 @@ class TrainDictionaryResult:
     history: list[dict] = field(default_factory=list)
 
 
-def _dims(reader: ActivationReader, first: dict) -> dict[str, tuple[int, int]]:
-    return {s.at: (first[s.at][0].shape[-1], first[s.at][1].shape[-1]) for s in reader.sites}
-
-
 def export(dset: DictionarySet, sites: Sequence[Site]) -> dict[str, Dictionary]:
     """The trained dictionaries as :class:`SparseAutoencoder` / :class:`Transcoder` modules
     reading raw activations (the training scales folded in)."""
@@ -199,7 +195,7 @@ def export(dset: DictionarySet, sites: Sequence[Site]) -> dict[str, Dictionary]:
         d_in, d_sae = td.W_enc.shape
         if site.transcoder:
             d: Dictionary = Transcoder(d_in, d_sae, td.W_dec.shape[1], activation=kind, k=k,
-                                       hook_name=f"blocks.{site.layer}.ln2.hook_normalized",
+                                       hook_name=f"blocks.{site.layer}.mlp.hook_in",
                                        output_hook_name=at)
         else:
             d = SparseAutoencoder(d_in, d_sae, activation=kind, k=k, hook_name=at)
@@ -262,6 +258,11 @@ def train_dictionary(model: nn.Module, corpus: object, *, at: str | Sequence[str
     config = SAETrainConfig(at=at if isinstance(at, str) else list(at), kind=kind,
                             transcoder=transcoder, d_sae=d_sae, k=k, tokens=tokens,
                             **options)  # type: ignore[arg-type]
+    return _start(model, corpus, tokenizer, config, out, resume)
+
+
+def _start(model: nn.Module | None, corpus: object, tokenizer: object, config: SAETrainConfig,
+           out: str | Path | None, resume: bool) -> TrainDictionaryResult:
     out_path = Path(out) if out is not None else None
     if resume and out_path is None:
         raise ValueError("resume=True needs out= (the run folder to continue)")
@@ -271,7 +272,8 @@ def train_dictionary(model: nn.Module, corpus: object, *, at: str | Sequence[str
     threads = torch.get_num_threads()
     if config.threads is not None:
         torch.set_num_threads(config.threads)
-    info = D.setup("auto" if next(model.parameters()).is_cuda else "cpu")
+    cuda = model is not None and next(model.parameters()).is_cuda
+    info = D.setup("cuda" if cuda else "cpu")
     try:
         return _run(model, corpus, tokenizer, config, out_path, resume, info)
     finally:
@@ -279,19 +281,56 @@ def train_dictionary(model: nn.Module, corpus: object, *, at: str | Sequence[str
         torch.set_num_threads(threads)
 
 
-def _run(model: nn.Module, corpus: object, tokenizer: object, config: SAETrainConfig,
+def train_on_activations(data: object, *, d_sae: int, k: int | None = 32, rows: int,
+                         tokens: int, kind: str = "topk", at: str = "activations",
+                         out: str | Path | None = None, resume: bool = False,
+                         **options: object) -> TrainDictionaryResult:
+    """Train one SAE on activations you make: ``data(step)`` returns the ``(rows, E)`` float
+    batch of that step (a function of the step, for resuming). The same recipe and run folder
+    as :func:`train_dictionary`, without a model (no evaluation).
+
+    Raises:
+        ValueError: as :func:`train_dictionary`.
+    """
+    if not callable(data):
+        raise TypeError(f"data must be a function step -> (rows, E) tensor, got "
+                        f"{type(data).__name__}")
+    config = SAETrainConfig(at=at, kind=kind, d_sae=d_sae, k=k, tokens=tokens, batch=rows,
+                            context=2, **options)  # type: ignore[arg-type]
+    return _start(None, data, None, config, out, resume)
+
+
+def _run(model: nn.Module | None, corpus: object, tokenizer: object, config: SAETrainConfig,
          out: Path | None, resume: bool, info: D.DistInfo) -> TrainDictionaryResult:
+    if model is not None:
+        model.eval()
+        sites = parse_sites(model, config.at, transcoder=config.transcoder)
+        reader = ActivationReader(model, sites)
+        windows = windows_for(model, corpus, tokenizer, context=config.context,
+                              seed=config.seed, progress=config.progress and info.is_main)
+
+        def source(step: int, whole: bool = False) -> dict:
+            ids = windows.batch(step, config.batch)  # (B, L)
+            return reader.read((ids if whole else _shard(ids, info)).to(info.device))
+    else:  # train_on_activations: corpus is data(step) -> (N, E)
+        sites = [Site(str(config.at))]
+
+        def source(step: int, whole: bool = False) -> dict:
+            x = corpus(step)  # type: ignore[operator]
+            x = x if whole else _shard(x, info)
+            return {sites[0].at: (x.to(info.device), x.to(info.device))}
+    return _fit(sites, source, config, out, resume, info, model, corpus, tokenizer)
+
+
+def _fit(sites: list[Site], source: object, config: SAETrainConfig, out: Path | None,
+         resume: bool, info: D.DistInfo, model: nn.Module | None, corpus: object,
+         tokenizer: object) -> TrainDictionaryResult:
     from handformer.train.trainer import _StopRequest
 
-    model.eval()
-    sites = parse_sites(model, config.at, transcoder=config.transcoder)
-    reader = ActivationReader(model, sites)
     steps = config.steps()
-    windows = windows_for(model, corpus, tokenizer, context=config.context, seed=config.seed,
-                          progress=config.progress and info.is_main)
-    first = reader.read(windows.batch(0, config.batch).to(info.device))
+    first = source(0, True)
     g = torch.Generator().manual_seed(config.seed)
-    dims = _dims(reader, first)
+    dims = {s.at: (first[s.at][0].shape[-1], first[s.at][1].shape[-1]) for s in sites}
     set_config = {"kind": config.kind, "k": config.k if config.kind == "topk" else None,
                   "d_sae": config.d_sae, "transcoder": config.transcoder}
     dset = DictionarySet(set_config, dims, g).to(info.device)
@@ -360,8 +399,7 @@ def _run(model: nn.Module, corpus: object, tokenizer: object, config: SAETrainCo
     with _StopRequest() as stop:
         for step in range(start, steps):
             t1 = time.perf_counter()
-            ids = _shard(windows.batch(step, config.batch), info).to(info.device)
-            acts = reader.read(ids)
+            acts = source(step)
             t2 = time.perf_counter()
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step)
@@ -417,7 +455,7 @@ def _run(model: nn.Module, corpus: object, tokenizer: object, config: SAETrainCo
         out, dictionaries, step, seen, step >= steps, interrupted,
         read_tokens_per_s=done_rows / t_read if t_read else 0.0,
         train_tokens_per_s=done_rows / t_train if t_train else 0.0, history=history)
-    if config.eval_tokens and not interrupted:
+    if config.eval_tokens and not interrupted and model is not None:
         from handformer.features.metrics import evaluate_dictionary
 
         ev_windows = windows_for(model, corpus, tokenizer, context=config.context,
