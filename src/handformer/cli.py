@@ -35,6 +35,7 @@ COMMANDS = [
     "handformer.commands.chat",
     "handformer.commands.heads",
     "handformer.commands.serve",
+    "handformer.commands.train_sae",
 ]
 
 EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 2, 130, 141

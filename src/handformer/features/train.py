@@ -91,8 +91,8 @@ class SAETrainConfig:
         threads: torch threads (None: leave as it is).
         stop_after: stop this invocation after so many steps (a checkpoint is saved; None:
             run to the end). For tests and for splitting a long run.
-        model: the model's source, for the record (``--model``).
-        corpus: the corpus' name, for the record.
+        model_source: the model's source, for the record (``--model``).
+        corpus_source: the corpus' name, for the record (``--corpus``).
     """
 
     at: str | list[str]
@@ -117,8 +117,8 @@ class SAETrainConfig:
     progress: bool = True
     threads: int | None = None
     stop_after: int | None = None
-    model: str | None = None
-    corpus: str | None = None
+    model_source: str | None = None
+    corpus_source: str | None = None
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad option and its value."""
@@ -516,7 +516,7 @@ def _truncate(path: Path, step: int) -> None:
 
 
 def _write_outputs(out: Path, result: TrainDictionaryResult) -> None:
-    from handformer.features.dictionary_io import save_dictionary
+    from handformer.features.store import save_dictionary
 
     for at, d in result.dictionaries.items():
         save_dictionary(d, out / DICTIONARIES / at)
