@@ -106,11 +106,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--resume {args.resume}: the run does not record its model and "
                          "corpus (train it with handformer train-sae)")
     model, tokenizer = load_model_and_tokenizer(model_source, command=NAME)
-    result = train_dictionary(model, corpus, tokenizer=tokenizer, at=at,
-                              transcoder=transcoder, out=out, resume=bool(args.resume),
-                              progress=not args.no_progress,
-                              model_source=str(model_source), corpus_source=str(corpus),
-                              **options)
+    try:
+        result = train_dictionary(model, corpus, tokenizer=tokenizer, at=at,
+                                  transcoder=transcoder, out=out, resume=bool(args.resume),
+                                  progress=not args.no_progress,
+                                  model_source=str(model_source), corpus_source=str(corpus),
+                                  **options)
+    except KeyError as exc:  # an unknown hook name: the message lists the closest ones
+        raise UsageError(f"--at: {exc.args[0] if exc.args else exc}") from None
     state = "finished" if result.finished else "stopped"
     print(f"{state} at step {result.step} ({result.tokens} tokens): activations "
           f"{result.read_tokens_per_s:.0f} tok/s, training {result.train_tokens_per_s:.0f} "

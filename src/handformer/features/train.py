@@ -208,15 +208,17 @@ def export(dset: DictionarySet, sites: Sequence[Site]) -> dict[str, Dictionary]:
     return out
 
 
-def _prepare(out: Path, resume: bool, config: SAETrainConfig) -> SAETrainConfig:
+def _prepare(out: Path, resume: bool, config: SAETrainConfig, given: dict) -> SAETrainConfig:
     if resume:
         path = out / OPTIONS_NAME
         if not path.is_file():
             raise ValueError(f"{out} is not a train-sae run folder (no {OPTIONS_NAME}); "
                              "--resume takes the folder a previous run wrote")
         saved = SAETrainConfig(**json.loads(path.read_text()))
-        for name in RESUMABLE:
-            setattr(saved, name, getattr(config, name))
+        for name in RESUMABLE:  # what this invocation may change, where it says so
+            if name in given:
+                setattr(saved, name, given[name])
+        saved.stop_after = given.get("stop_after")
         return saved
     if (out / OPTIONS_NAME).exists():
         raise ValueError(f"{out} already holds a train-sae run; continue it with --resume "
@@ -228,7 +230,7 @@ def _prepare(out: Path, resume: bool, config: SAETrainConfig) -> SAETrainConfig:
 
 def train_dictionary(model: nn.Module, corpus: object, *, at: str | Sequence[str],
                      kind: str = "topk", transcoder: bool = False, d_sae: int = 4096,
-                     k: int | None = 32, tokens: int = 1_000_000, tokenizer: object = None,
+                     k: int | None = 32, tokens: int | None = None, tokenizer: object = None,
                      out: str | Path | None = None, resume: bool = False,
                      **options: object) -> TrainDictionaryResult:
     """Train one dictionary per site of ``at``, all from one stream of the model's activations.
@@ -240,7 +242,8 @@ def train_dictionary(model: nn.Module, corpus: object, *, at: str | Sequence[str
         at: hook name(s) or a glob; a transcoder's ``blocks.N.hook_mlp_out`` or ``"all"``.
         kind: ``"topk"`` or ``"relu"``.
         transcoder: train transcoders (MLP input -> MLP output).
-        d_sae, k, tokens: latents, active latents per token (TopK), training tokens.
+        d_sae, k, tokens: latents, active latents per token (TopK), training tokens
+            (default 1,000,000; on resume the run's own unless given).
         tokenizer: the model's tokenizer (for a text corpus).
         out: the run folder (checkpoints, dictionaries, metrics); None keeps it in memory.
         resume: continue the run in ``out`` from its newest checkpoint.
@@ -255,19 +258,19 @@ def train_dictionary(model: nn.Module, corpus: object, *, at: str | Sequence[str
             (``resume``) or already one, a corpus too small; ``CheckpointError`` for a
             corrupt checkpoint. KeyError: for an unknown hook name.
     """
+    given = {**options, **({"tokens": tokens} if tokens is not None else {})}
     config = SAETrainConfig(at=at if isinstance(at, str) else list(at), kind=kind,
-                            transcoder=transcoder, d_sae=d_sae, k=k, tokens=tokens,
-                            **options)  # type: ignore[arg-type]
-    return _start(model, corpus, tokenizer, config, out, resume)
+                            transcoder=transcoder, d_sae=d_sae, k=k, **given)  # type: ignore
+    return _start(model, corpus, tokenizer, config, out, resume, given)
 
 
 def _start(model: nn.Module | None, corpus: object, tokenizer: object, config: SAETrainConfig,
-           out: str | Path | None, resume: bool) -> TrainDictionaryResult:
+           out: str | Path | None, resume: bool, given: dict) -> TrainDictionaryResult:
     out_path = Path(out) if out is not None else None
     if resume and out_path is None:
         raise ValueError("resume=True needs out= (the run folder to continue)")
     if out_path is not None:
-        config = _prepare(out_path, resume, config)
+        config = _prepare(out_path, resume, config, given)
     config.validate()
     threads = torch.get_num_threads()
     if config.threads is not None:
@@ -297,7 +300,7 @@ def train_on_activations(data: object, *, d_sae: int, k: int | None = 32, rows: 
                         f"{type(data).__name__}")
     config = SAETrainConfig(at=at, kind=kind, d_sae=d_sae, k=k, tokens=tokens, batch=rows,
                             context=2, **options)  # type: ignore[arg-type]
-    return _start(None, data, None, config, out, resume)
+    return _start(None, data, None, config, out, resume, {"tokens": tokens, **options})
 
 
 def _run(model: nn.Module | None, corpus: object, tokenizer: object, config: SAETrainConfig,
