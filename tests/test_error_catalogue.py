@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import handformer as hf
-from handformer import inspect, masks
+from handformer import features, inspect, masks
 from handformer.cli import main
 from handformer.pretrained import CheckpointError, load_bert
 from handformer.pretrained.chat_template import render_chat_template
@@ -35,7 +35,7 @@ from handformer.train.checkpoint import load_checkpoint, save_checkpoint
 DOC = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
 ROW = re.compile(r"^\|\s*(\d+)\s*\|(.*)\|\s*$")
 AREAS = {"attention", "masks", "modules", "positional", "loaders", "tokenizer", "generation",
-         "training", "cli", "inspect", "serve"}
+         "training", "cli", "inspect", "serve", "features"}
 
 
 class CLIExit(Exception):  # noqa: N818 - stands for "exit 2 with this stderr line"
@@ -233,6 +233,26 @@ def namespace(tmp: Path) -> dict[str, object]:
             states[kind] = ModelState(folder)
         return states[kind]
 
+    def sae_dir(damage: str = "") -> Path:
+        """A tiny SAELens folder (d_in 8, d_sae 16) with one kind of damage: "nan" (b_enc[3]),
+        "shape" (W_dec one row short), "normalize" (expected_average_only_in), "truncated"."""
+        folder = tmp / f"sae-{damage or 'ok'}"
+        if not folder.exists():
+            folder.mkdir()
+            tensors = {"W_enc": t(8, 16), "b_enc": t(16), "W_dec": t(16 - (damage == "shape"), 8),
+                       "b_dec": t(8)}
+            if damage == "nan":
+                tensors["b_enc"][3] = float("nan")
+            norm = "expected_average_only_in" if damage == "normalize" else "none"
+            (folder / "cfg.json").write_text(json.dumps({
+                "d_in": 8, "d_sae": 16, "hook_name": "blocks.0.hook_resid_post",
+                "normalize_activations": norm}))
+            save_file(tensors, str(folder / "sae_weights.safetensors"))
+            if damage == "truncated":
+                weights = folder / "sae_weights.safetensors"
+                weights.write_bytes(weights.read_bytes()[:-40])
+        return folder
+
     existing_run = tmp / "existing-run"
     existing_run.mkdir()
     (existing_run / "train.json").write_text("{}")
@@ -246,7 +266,8 @@ def namespace(tmp: Path) -> dict[str, object]:
             "fam": fam, "folder_of": folder_of,
             "bad_gguf": bad_gguf, "read_gguf": read_gguf,
             "gguf_to_hf": gguf_to_hf, "shipped_path": shipped_path,
-            "registry": registry, "chat_state": chat_state, "serve_state": serve_state}
+            "registry": registry, "chat_state": chat_state, "serve_state": serve_state,
+            "features": features, "sae_dir": sae_dir}
 
 
 EXCEPTIONS = {"ValueError": ValueError, "TypeError": TypeError, "OSError": OSError,

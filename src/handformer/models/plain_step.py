@@ -50,6 +50,7 @@ from handformer.attention.functional import soft_cap
 from handformer.attention.kinds import FullAttention
 from handformer.attention.local import LocalAttention
 from handformer.decoder_layer import DecoderLayer
+from handformer.hooks import HookPoint
 from handformer.layers import _IN_PLACE, ACTIVATIONS, FeedForward, GatedFeedForward
 from handformer.norms import LayerNorm, RMSNorm
 from handformer.packing import packed_linear
@@ -154,6 +155,8 @@ def plain_step_refusal(model: nn.Module, cache: DecodingCache | None) -> str | N
     for name, module in model.named_modules():
         if module._forward_hooks or module._forward_pre_hooks:
             return f"PyTorch forward hooks are registered on {name or 'the model'}"
+        if isinstance(module, HookPoint) and type(module) is not HookPoint:
+            return f"{name} is a {type(module).__name__} (it computes something: a splice)"
     return None
 
 
