@@ -31,7 +31,7 @@ from handformer.features.corpus import as_corpus
 from handformer.inspect.points import hook_points, unknown_name_message
 
 __all__ = ["tokenize_corpus", "TokenWindows", "ActivationReader", "Site", "parse_sites",
-           "mlp_output_hook"]
+           "mlp_output_hook", "corpus_ids", "windows_for", "split_windows"]
 
 _MLP_OUT = re.compile(r"^blocks\.(\d+)\.hook_mlp_out$")
 _LAYER = re.compile(r"^blocks\.(\d+)\.")
@@ -43,13 +43,16 @@ def mlp_output_hook(layer: int) -> str:
 
 
 def tokenize_corpus(corpus: object, tokenizer: object, *, max_tokens: int | None = None,
-                    progress: bool = False) -> Tensor:
-    """Every document's ids, joined by the end-of-text token, as one ``(T,)`` int64 tensor.
+                    shuffle_seed: int | None = None, progress: bool = False) -> Tensor:
+    """The documents' ids, joined by the end-of-text token, as one ``(T,)`` int64 tensor.
 
     Args:
         corpus: anything :func:`~handformer.features.corpus.as_corpus` takes.
         tokenizer: a handformer tokenizer (``encode``, ``eos_token_id``).
         max_tokens: stop once this many ids are read (None: the whole corpus).
+        shuffle_seed: read the documents in an order shuffled with this seed (so that a
+            ``max_tokens`` prefix samples the whole corpus; the texts are held in memory,
+            ~12 MB for the offline corpora); None: in the corpus' order.
         progress: show a progress bar (documents) on stderr.
 
     Raises:
@@ -59,7 +62,11 @@ def tokenize_corpus(corpus: object, tokenizer: object, *, max_tokens: int | None
     eos = getattr(tokenizer, "eos_token_id", None)
     chunks: list[Tensor] = []
     total = 0
-    docs = corpus.documents()
+    docs: object = corpus.documents()
+    if shuffle_seed is not None:
+        texts = list(docs)
+        order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(shuffle_seed))
+        docs = (texts[i] for i in order.tolist())
     if progress:
         from tqdm.auto import tqdm
 
@@ -222,24 +229,46 @@ class ActivationReader:
                 for s in self.sites}
 
 
-def windows_for(model: nn.Module, corpus: object | Tensor, tokenizer: object | None, *,
-                context: int, seed: int, max_tokens: int | None = None,
-                progress: bool = False) -> TokenWindows:
-    """:class:`TokenWindows` over a corpus (tokenized) or a ready ``(T,)`` id tensor.
+def corpus_ids(model: nn.Module, corpus: object | Tensor, tokenizer: object | None, *,
+               max_tokens: int | None = None, seed: int = 0,
+               progress: bool = False) -> tuple[Tensor, int | None]:
+    """``(ids (T,), bos id or None)`` of a text corpus (documents shuffled with ``seed``, at
+    most about ``max_tokens``) or of a ready id tensor, checked against the vocabulary.
 
     Raises:
         ValueError: without a tokenizer for a text corpus; ids out of the model's vocabulary.
     """
     if isinstance(corpus, Tensor):
-        ids = corpus.reshape(-1).long()
-        bos = None
+        ids, bos = corpus.reshape(-1).long(), None
     else:
         if tokenizer is None:
             raise ValueError("a text corpus needs the model's tokenizer (tokenizer=...)")
-        ids = tokenize_corpus(corpus, tokenizer, max_tokens=max_tokens, progress=progress)
+        ids = tokenize_corpus(corpus, tokenizer, max_tokens=max_tokens, shuffle_seed=seed,
+                              progress=progress)
         bos = getattr(tokenizer, "bos_token_id", None)
     vocab = model.lm_head.weight.shape[0]
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
         raise ValueError(f"corpus token ids run from {int(ids.min())} to {int(ids.max())}, "
                          f"outside the model's vocabulary [0, {vocab})")
+    return ids, bos
+
+
+def windows_for(model: nn.Module, corpus: object | Tensor, tokenizer: object | None, *,
+                context: int, seed: int, max_tokens: int | None = None) -> TokenWindows:
+    """:class:`TokenWindows` over a corpus (tokenized: see :func:`corpus_ids`) or a ready
+    ``(T,)`` id tensor."""
+    ids, bos = corpus_ids(model, corpus, tokenizer, max_tokens=max_tokens, seed=seed)
     return TokenWindows(ids, context, bos=bos, seed=seed)
+
+
+def split_windows(ids: Tensor, bos: int | None, *, context: int, seed: int,
+                  held_out: float = 0.05) -> tuple[TokenWindows, TokenWindows | None]:
+    """Training windows over the first ``1 - held_out`` of ``ids``, evaluation windows over
+    the rest (None when the rest is shorter than one window: then evaluate on the training
+    windows' tokens, with another seed)."""
+    cut = int(ids.numel() * (1 - held_out))
+    body = context - (bos is not None)
+    if ids.numel() - cut < body:
+        return TokenWindows(ids, context, bos=bos, seed=seed), None
+    return (TokenWindows(ids[:cut], context, bos=bos, seed=seed),
+            TokenWindows(ids[cut:], context, bos=bos, seed=seed + 1))

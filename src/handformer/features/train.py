@@ -47,7 +47,14 @@ from handformer.features.objective import (
     paper_lr,
     project_decoder_grad,
 )
-from handformer.features.stream import ActivationReader, Site, parse_sites, windows_for
+from handformer.features.stream import (
+    ActivationReader,
+    Site,
+    TokenWindows,
+    corpus_ids,
+    parse_sites,
+    split_windows,
+)
 from handformer.train import checkpoint as ckpt
 from handformer.train import distributed as D
 from handformer.train.schedule import Schedule
@@ -309,8 +316,11 @@ def _run(model: nn.Module | None, corpus: object, tokenizer: object, config: SAE
         model.eval()
         sites = parse_sites(model, config.at, transcoder=config.transcoder)
         reader = ActivationReader(model, sites)
-        windows = windows_for(model, corpus, tokenizer, context=config.context,
-                              seed=config.seed, progress=config.progress and info.is_main)
+        # enough text for the run (windows are drawn with replacement) and a held-out tail
+        ids, bos = corpus_ids(model, corpus, tokenizer, seed=config.seed,
+                              max_tokens=2 * config.tokens + 2 * config.eval_tokens + 10_000,
+                              progress=config.progress and info.is_main)
+        windows, held_out = split_windows(ids, bos, context=config.context, seed=config.seed)
 
         def source(step: int, whole: bool = False) -> dict:
             ids = windows.batch(step, config.batch)  # (B, L)
@@ -322,12 +332,13 @@ def _run(model: nn.Module | None, corpus: object, tokenizer: object, config: SAE
             x = corpus(step)  # type: ignore[operator]
             x = x if whole else _shard(x, info)
             return {sites[0].at: (x.to(info.device), x.to(info.device))}
-    return _fit(sites, source, config, out, resume, info, model, corpus, tokenizer)
+    return _fit(sites, source, config, out, resume, info, model,
+                (windows, held_out) if model is not None else None)
 
 
 def _fit(sites: list[Site], source: object, config: SAETrainConfig, out: Path | None,
-         resume: bool, info: D.DistInfo, model: nn.Module | None, corpus: object,
-         tokenizer: object) -> TrainDictionaryResult:
+         resume: bool, info: D.DistInfo, model: nn.Module | None,
+         data: tuple[TokenWindows, TokenWindows | None] | None) -> TrainDictionaryResult:
     from handformer.train.trainer import _StopRequest
 
     steps = config.steps()
@@ -461,8 +472,9 @@ def _fit(sites: list[Site], source: object, config: SAETrainConfig, out: Path | 
     if config.eval_tokens and not interrupted and model is not None:
         from handformer.features.metrics import evaluate_dictionary
 
-        ev_windows = windows_for(model, corpus, tokenizer, context=config.context,
-                                 seed=config.seed + 1)
+        windows, held_out = data
+        ev_windows = held_out or TokenWindows(windows.ids, windows.length, bos=windows.bos,
+                                              seed=config.seed + 1)
         for at, d in dictionaries.items():
             result.metrics[at] = evaluate_dictionary(model, d, ev_windows, at=at,
                                                      tokens=config.eval_tokens)
