@@ -19,7 +19,7 @@ from handformer.features.metrics import (
 )
 from handformer.inspect import run_with_cache, run_with_hooks
 
-AT = "blocks.1.hook_resid_post"
+AT = "blocks.0.hook_resid_post"  # not the last block: position 0 matters to later ones
 
 
 def tiny_lm() -> hf.CausalLM:
@@ -89,7 +89,7 @@ def test_evaluate_dictionary_matches_a_float64_hand_computation() -> None:
     ce_mean, _ = ce_with(y.mean(0).expand_as(y))
     for got, want in ((m.ce_clean, ce_clean), (m.ce_spliced, ce_spliced),
                       (m.ce_zero, ce_zero), (m.ce_mean, ce_mean)):
-        assert abs(got - want) < 1e-5, (got, want)
+        assert abs(got - want) < 2e-6, (got, want)
     recovered = (ce_zero - ce_spliced) / (ce_zero - ce_clean)
     assert abs(m.ce_loss_recovered - recovered) < 1e-3
     assert abs(m.ce_loss_recovered_mean - (ce_mean - ce_spliced) / (ce_mean - ce_clean)) < 1e-3
