@@ -66,7 +66,9 @@ class DictionaryMetrics:
 
     Attributes:
         at: the hook; tokens: evaluation tokens (positions 1.. of every window).
-        explained_variance, l0, dead_fraction, dense_fraction, dense_threshold.
+        explained_variance, l0: as the module docstring defines them.
+        dead_fraction, dense_fraction: features never active; active on more than
+            ``dense_threshold`` of the tokens.
         ce_clean, ce_spliced, ce_zero, ce_mean: next-token losses (nats per token).
         ce_loss_recovered: against zero ablation; ce_loss_recovered_mean: against the mean.
         kl: ``KL(p_clean ‖ p_spliced)`` per token.
