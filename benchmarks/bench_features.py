@@ -46,8 +46,8 @@ GOALS = {"ev": 0.7, "dead": 0.10, "ce": 0.80, "tc_ev": 0.6, "splice": 1.2, "load
 def _plan(quick: bool) -> dict:
     if quick:
         return {"sae": dict(d_sae=256, k=32, tokens=3000, eval_tokens=1000, batch=4),
-                "gemma": dict(d_sae=256, k=32, tokens=3000, eval_tokens=1000, batch=4),
-                "transcoders": dict(d_sae=128, k=16, tokens=2000, eval_tokens=500, batch=4),
+                "gemma": dict(d_sae=256, k=32, tokens=3000, eval_tokens=500, batch=4),
+                "transcoders": dict(d_sae=128, k=16, tokens=2000, eval_tokens=250, batch=2),
                 "minutes": {"sae": 30, "gemma": 45, "transcoders": 60}, "repeats": 3}
     return {"sae": dict(d_sae=4608, k=32, tokens=1_000_000, eval_tokens=20_000, batch=8),
             "gemma": dict(d_sae=5120, k=32, tokens=1_000_000, eval_tokens=20_000, batch=8),

@@ -121,12 +121,26 @@ def _replace(at: str, new: Tensor | None, fn: object = None) -> dict:
     return {at: hook}
 
 
-def _ce_and_logp(logits: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
-    """Per-prediction losses at positions 1..L-2 ``(B*(L-2),)`` and log-probs ``(.., V)``."""
-    logp = F.log_softmax(logits[:, 1:-1].double(), dim=-1)  # (B, L-2, V)
-    target = ids[:, 2:]  # (B, L-2)
-    ce = -logp.gather(-1, target[..., None].to(logp.device))[..., 0]  # (B, L-2)
-    return ce.reshape(-1), logp.reshape(-1, logp.shape[-1])
+def _ce(logits: Tensor, ids: Tensor) -> Tensor:
+    """Per-prediction losses at positions 1..L-2 (predicting tokens 2..), ``(B*(L-2),)``
+    float64 (the log-softmax in float32, a window at a time: a 262k vocabulary is large)."""
+    out = []
+    for b in range(logits.shape[0]):
+        logp = F.log_softmax(logits[b, 1:-1].float(), dim=-1)  # (L-2, V)
+        target = ids[b, 2:].to(logp.device)  # (L-2,)
+        out.append(-logp.gather(-1, target[:, None])[:, 0].double())
+    return torch.cat(out)
+
+
+def _kl_sum(clean: Tensor, other: Tensor) -> float:
+    """``Σ KL(p_clean ‖ p_other)`` over the predictions at positions 1..L-2, float64, a window
+    at a time."""
+    total = 0.0
+    for b in range(clean.shape[0]):
+        p = F.log_softmax(clean[b, 1:-1].double(), dim=-1)  # (L-2, V)
+        q = F.log_softmax(other[b, 1:-1].double(), dim=-1)
+        total += float((p.exp() * (p - q)).sum())
+    return total
 
 
 @torch.no_grad()
@@ -196,16 +210,17 @@ def evaluate_dictionary(model: nn.Module, dictionary: Dictionary, corpus: object
         fired += (z != 0).double().sum(0)
         n_rows += y.shape[0]
 
-        ce_clean, logp_clean = _ce_and_logp(model(ids).logits, ids)
-        ce_spliced, logp_spliced = _ce_and_logp(
-            _spliced_logits(model, dictionary, site, ids, hooks), ids)
-        ce_zero, _ = _ce_and_logp(_with(model, hooks, _replace(at, torch.zeros(())), ids), ids)
-        ce_mean, _ = _ce_and_logp(_with(model, hooks, _replace(at, mean), ids), ids)
+        clean = model(ids).logits  # (B, L, V)
+        spliced = _spliced_logits(model, dictionary, site, ids, hooks)
+        ce_clean = _ce(clean, ids)
         sums["clean"] += float(ce_clean.sum())
-        sums["spliced"] += float(ce_spliced.sum())
-        sums["zero"] += float(ce_zero.sum())
-        sums["mean"] += float(ce_mean.sum())
-        sums["kl"] += float((logp_clean.exp() * (logp_clean - logp_spliced)).sum())
+        sums["spliced"] += float(_ce(spliced, ids).sum())
+        sums["kl"] += _kl_sum(clean, spliced)
+        del clean, spliced
+        zero = _with(model, hooks, _replace(at, torch.zeros(())), ids)
+        sums["zero"] += float(_ce(zero, ids).sum())
+        del zero
+        sums["mean"] += float(_ce(_with(model, hooks, _replace(at, mean), ids), ids).sum())
         n_pred += ce_clean.numel()
     if n_rows < 2 or n_pred < 1:
         raise ValueError(f"evaluation needs at least 2 tokens past the first of each window, "
