@@ -213,3 +213,46 @@ def test_refusals():
         with pytest.raises(ValueError, match="d_in = 8 does not fit 'blocks.0.attn.hook_z'"):
             model(IDS)
     assert not splices(model)
+
+
+def test_patching_a_feature_from_a_clean_run():
+    """Activation patching on a feature with the existing API: cache the clean run's feature
+    activations, put one feature at one position into the corrupted run; the output moves by
+    exactly that feature's decoder row times the change in its activation."""
+    model = tiny()
+    sae = dictionary(hook_name="blocks.1.hook_resid_post")
+    clean, corrupted = IDS[:1], IDS[1:]
+    name = "blocks.1.hook_resid_post.hook_sae_acts_post"
+    with attach(model, sae):
+        _, clean_cache = run_with_cache(model, clean, names=name)
+        _, corrupt_cache = run_with_cache(model, corrupted, names=name)
+        delta = clean_cache[name] - corrupt_cache[name]  # (1, 9, 64)
+        pos, f = divmod(int(delta.abs().flatten().argmax()), 64)
+
+        def patch(acts, name):
+            acts = acts.clone()
+            acts[:, pos, f] = clean_cache[name][:, pos, f]
+            return acts
+
+        patched = run_with_hooks(model, corrupted, hooks={name: patch}).logits
+    _, resid = run_with_cache(model, corrupted, names="blocks.1.hook_resid_post")
+    shift = torch.zeros_like(resid["blocks.1.hook_resid_post"])
+    shift[:, pos] = delta[:, pos, f, None] * sae.W_dec[f].detach()
+    by_hand = run_with_hooks(model, corrupted, hooks={
+        "blocks.1.hook_resid_post": lambda x, name: x + shift}).logits
+    torch.testing.assert_close(patched, by_hand, rtol=0, atol=1e-5)
+    assert (patched - model(corrupted).logits).abs().max() > 1e-4
+
+
+def test_an_sae_on_the_mlp_modules_output():
+    """blocks.{i}.mlp.hook_out (sparsify's ``layers.i.mlp``) exists while spliced: on a model
+    without a post-MLP norm it is hook_mlp_out's value."""
+    model = tiny()
+    sae = dictionary(hook_name="blocks.0.mlp.hook_out")
+    with attach(model, sae, with_error=False):
+        assert "blocks.0.mlp.hook_out.hook_sae_acts_post" in hook_names(model)
+        spliced = model(IDS).logits
+    assert "blocks.0.mlp.hook_out" not in hook_names(model)
+    by_hand = run_with_hooks(model, IDS, hooks={
+        "blocks.0.hook_mlp_out": lambda y, name: sae(y).detach()}).logits
+    torch.testing.assert_close(spliced, by_hand, rtol=0, atol=1e-6)

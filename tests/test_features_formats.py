@@ -421,6 +421,12 @@ def test_damaged_files_are_refused_by_name(tmp_path):
     with pytest.raises(DictionaryFileError, match=r"tensor 'b_enc' holds NaN or infinity "
                                                   r"\(first at flat index 7\)"):
         load_dictionary(folder)
+    inf = good["W_enc"].clone()
+    inf[5, 3] = -float("inf")
+    folder = write_saelens(tmp_path / "inf", V5, {**good, "W_enc": inf})
+    with pytest.raises(DictionaryFileError, match=r"tensor 'W_enc' holds NaN or infinity "
+                                                  rf"\(first at flat index {5 * F + 3}\)"):
+        load_dictionary(folder)
     folder = write_saelens(tmp_path / "missing", V5,
                            {k: v for k, v in good.items() if k != "b_dec"})
     with pytest.raises(DictionaryFileError, match="missing tensor 'b_dec'"):

@@ -173,7 +173,10 @@ class Dictionary(nn.Module):
             setattr(self, name, HookPoint())
 
     def reset_parameters(self) -> None:
-        """Decoder rows random with unit norm, the encoder their transpose, biases 0."""
+        """Decoder rows random with unit norm, the encoder their transpose, biases 0 (nothing
+        on the meta device, where a loader builds the module before giving it its tensors)."""
+        if self.W_enc.is_meta:
+            return
         with torch.no_grad():
             W = torch.randn(self.d_sae, self.d_out, dtype=torch.float32)  # (F, O)
             W = W / W.norm(dim=-1, keepdim=True)

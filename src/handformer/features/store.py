@@ -159,7 +159,8 @@ def load_dictionary(path: str | os.PathLike, *, kind: str | None = None
     (``params.safetensors`` + ``config.json``), EleutherAI sparsify (``cfg.json`` +
     ``sae.safetensors``), circuit-tracer transcoder sets (``config.yaml``: a list of
     transcoders, one per layer), and handformer's own (:func:`save_dictionary`). Tensors keep
-    the file's dtype (``dictionary.to(torch.float32)`` converts).
+    the file's dtype (``dictionary.to(torch.float32)`` converts) and do not require gradients
+    (``dictionary.requires_grad_()`` to fine-tune).
 
     Args:
         path: a folder, or the file that names the layout.
