@@ -103,6 +103,10 @@ def run(args: argparse.Namespace) -> int:
                              "--transcoder: all or blocks.6.hook_mlp_out)")
         model_source, corpus, out = args.model, args.corpus, args.out
         at, transcoder = (args.at[0] if len(args.at) == 1 else args.at), args.transcoder
+    if not args.resume:  # bad options are refused before the model is loaded
+        from handformer.features.train import SAETrainConfig
+
+        SAETrainConfig(at=at, transcoder=transcoder, **options).validate()
     if model_source is None or corpus is None:
         raise UsageError(f"--resume {args.resume}: the run does not record its model and "
                          "corpus (train it with handformer train-sae)")

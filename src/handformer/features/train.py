@@ -129,13 +129,19 @@ class SAETrainConfig:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad option and its value."""
+        from handformer.checks import check_non_negative_int, check_positive_int, check_seed
+
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {list(KINDS)} to train (JumpReLU "
                              f"dictionaries are loaded, not trained), got {self.kind!r}")
-        for name in ("d_sae", "tokens", "context", "batch"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("d_sae", "tokens", "context", "batch", "keep"):
+            check_positive_int(name, getattr(self, name))
+        for name in ("checkpoint_every", "eval_tokens", "warmup"):
+            check_non_negative_int(name, getattr(self, name))
+        for name in ("k_aux", "dead_after", "threads", "stop_after"):
+            if getattr(self, name) is not None:
+                check_positive_int(name, getattr(self, name))
+        check_seed(self.seed)
         if self.context < 2:
             raise ValueError(f"context must be at least 2 tokens, got {self.context}")
         if self.kind == "topk" and (isinstance(self.k, bool) or not isinstance(self.k, int)
@@ -145,15 +151,9 @@ class SAETrainConfig:
             raise ValueError(f"lr must be positive, got {self.lr!r}")
         if not 0 <= self.decay <= 1:
             raise ValueError(f"decay must be in [0, 1], got {self.decay!r}")
-        if self.aux_coeff < 0 or self.l1_coeff < 0:
+        if not (self.aux_coeff >= 0 and self.l1_coeff >= 0):
             raise ValueError(f"aux_coeff and l1_coeff must be >= 0, got {self.aux_coeff!r}, "
                              f"{self.l1_coeff!r}")
-        for name in ("checkpoint_every", "eval_tokens", "warmup"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        if not isinstance(self.keep, int) or self.keep < 1:
-            raise ValueError(f"keep must be a positive integer, got {self.keep!r}")
 
     def rows_per_step(self) -> int:
         """Training tokens of one step: ``batch * (context - 1)``."""
