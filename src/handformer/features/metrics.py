@@ -200,7 +200,8 @@ def evaluate_dictionary(model: nn.Module, dictionary: Dictionary, corpus: object
     n_rows = n_pred = 0
     for ids in batches:
         ids = ids.to(device)
-        x, y = reader.read(ids)[at]
+        acts, clean = reader.read_and_run(ids)  # clean: (B, L, V), the same forward
+        x, y = acts[at]
         z = dictionary.encode(x).float()  # (N, S)
         y_hat = dictionary(x).float()  # (N, E)
         sums["err"] += float((y - y_hat).double().pow(2).sum())
@@ -210,7 +211,6 @@ def evaluate_dictionary(model: nn.Module, dictionary: Dictionary, corpus: object
         fired += (z != 0).double().sum(0)
         n_rows += y.shape[0]
 
-        clean = model(ids).logits  # (B, L, V)
         spliced = _spliced_logits(model, dictionary, site, ids, hooks)
         ce_clean = _ce(clean, ids)
         sums["clean"] += float(ce_clean.sum())

@@ -197,6 +197,15 @@ class ActivationReader:
     @torch.no_grad()
     def read(self, ids: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
         """The activations of every site for windows ``ids`` ``(B, L)``."""
+        return self._run(ids, stop=True)[0]
+
+    @torch.no_grad()
+    def read_and_run(self, ids: Tensor) -> tuple[dict[str, tuple[Tensor, Tensor]], Tensor]:
+        """:meth:`read` without stopping early: the activations and the logits ``(B, L, V)``
+        of the same forward pass."""
+        return self._run(ids, stop=False)
+
+    def _run(self, ids: Tensor, *, stop: bool) -> tuple[dict, Tensor | None]:
         from handformer.inspect.run import hooks
 
         got: dict[str, Tensor] = {}
@@ -211,22 +220,24 @@ class ActivationReader:
         def keep(t: Tensor, name: str) -> None:
             got[name] = self._rows(t)
 
-        def stop(t: Tensor, name: str) -> None:
+        def halt(t: Tensor, name: str) -> None:
             raise _Stop
 
         spec: dict[str, object] = {s.at: keep for s in self.sites}
-        if self.stop_at is not None:
-            spec[self.stop_at] = [keep, stop] if self.stop_at in spec else stop
+        if self.stop_at is not None and stop:
+            spec[self.stop_at] = [keep, halt] if self.stop_at in spec else halt
+        logits = None
         try:
             with hooks(self.model, spec):
-                self.model(ids)
+                logits = self.model(ids).logits
         except _Stop:
             pass
         finally:
             for h in handles:
                 h.remove()
-        return {s.at: ((inputs[s.at] if s.transcoder else got[s.at]), got[s.at])
+        acts = {s.at: ((inputs[s.at] if s.transcoder else got[s.at]), got[s.at])
                 for s in self.sites}
+        return acts, logits
 
 
 def corpus_ids(model: nn.Module, corpus: object | Tensor, tokenizer: object | None, *,
