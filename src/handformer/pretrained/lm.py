@@ -465,7 +465,7 @@ def is_causal_source(source: object) -> bool:
 
 def load_lm(source: str | os.PathLike, *, dtype: torch.dtype | None = None,
             device: str | torch.device = "cpu", attention: object = None,
-            tokenizer: bool = True) -> tuple[CausalLM, object | None]:
+            tokenizer: bool = True, mesh: object = None) -> tuple[CausalLM, object | None]:
     """Load a causal language model (and its tokenizer) onto handformer's layers.
 
     Args:
@@ -479,6 +479,9 @@ def load_lm(source: str | os.PathLike, *, dtype: torch.dtype | None = None,
         attention: an attention kind (or a zero-argument factory) for every layer, replacing
             the configured ones with the same weights (as ``load_bert`` does).
         tokenizer: load the tokenizer too; False loads the model alone, quietly.
+        mesh: a 1-D ``torch.distributed`` ``DeviceMesh``: tensor parallel, each rank reading
+            only its slices of the checkpoint (see :mod:`handformer.distributed`); call it on
+            every rank. None: the whole model in this process.
 
     Returns:
         ``(model, tokenizer)``: the model in eval mode; the folder's tokenizer
@@ -496,6 +499,12 @@ def load_lm(source: str | os.PathLike, *, dtype: torch.dtype | None = None,
             listed, in the file's names); no model is returned.
         TypeError: for a non-floating ``dtype``, a bad ``attention`` or ``tokenizer``.
     """
+    if mesh is not None:  # tensor parallel: handformer.pretrained.lm_sharded
+        dtype = _check_options(dtype, attention)
+        _check_device(device)
+        return _sibling("lm_sharded").load_sharded(source, mesh=mesh, dtype=dtype,
+                                                   device=device, attention=attention,
+                                                   tokenizer=tokenizer)
     return _load(source, dtype=dtype, device=device, attention=attention,
                  tokenizer=tokenizer, caller="load_lm")
 
