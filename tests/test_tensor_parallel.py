@@ -22,8 +22,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
-from handformer.distributed import kv_heads_for, split_evenly, vocab_range
+import handformer as hf
+from handformer.distributed import kv_heads_for, parallelize, split_evenly, vocab_range
 
 SCRIPT = r'''
 import copy, datetime, json, shutil, sys
@@ -35,8 +38,9 @@ from safetensors.torch import save_file
 from torch.distributed.device_mesh import init_device_mesh
 
 import handformer as hf
-from handformer.distributed import parallelize
-from handformer.inspect import head_ablation_hooks, head_ablation_sweep, run_with_cache, run_with_hooks
+from handformer.distributed import parallelize, shards
+from handformer.inspect import (head_ablation_hooks, head_ablation_sweep, run_with_cache,
+                                run_with_hooks)
 from handformer.pretrained import load_lm
 
 sys.path.insert(0, sys.argv[2])  # tests/, for gguf_util
@@ -68,7 +72,8 @@ def results(model, ids, mask):
     r["step"] = model(ids[:, 5:], cache=cache).logits
     r["keys"] = [layer.keys_values()[0] for layer in cache.layers]
     prompts = [ids[:1, :6], ids[1:, :7], ids[:1, 2:]]
-    r["sweep"] = head_ablation_sweep(model, prompts, lambda o: o.logits[0, -1, 3] - o.logits[0, -1, 4])
+    r["sweep"] = head_ablation_sweep(model, prompts,
+                                     lambda o: o.logits[0, -1, 3] - o.logits[0, -1, 4])
     last = model.config.num_heads - 1  # a head of the last rank
     r["patched"] = run_with_hooks(model, ids, hooks=head_ablation_hooks(model, [(0, last)])).logits
     r["generated"] = model.generate(ids[:1, :4], max_new_tokens=6, do_sample=False)
@@ -93,6 +98,15 @@ for name, (options, vocab) in CASES.items():
                for p in tp.parameters())
     saved[name] = {"one": one, "tp": results(tp, ids, mask), "whole": whole, "mine": mine,
                    "kv": tp.layers[0].self_attn.k_proj.weight.shape[0] // cfg.head_dim}
+    if name == "smollm2":  # hook points gather only when a hook listens
+        calls = []
+        gather = shards.dist.all_gather
+        shards.dist.all_gather = lambda *a, **k: (calls.append(1), gather(*a, **k))[1]
+        tp(ids)
+        quiet = len(calls)
+        run_with_hooks(tp, ids, hooks={"blocks.1.attn.hook_z": lambda t, n: None})
+        shards.dist.all_gather = gather
+        saved["gathers"] = (quiet, len(calls) - quiet)
     if name == "smollm2":  # a sharded model refuses a second parallelize
         try:
             parallelize(tp, mesh)
@@ -129,6 +143,13 @@ if rank == 0:
         shutil.copytree(folder, out / f"llama-{r}")
     damaged = out / "llama-1" / "model.safetensors"
     damaged.write_bytes(damaged.read_bytes()[:-64])
+    # one file, damaged inside rank 1's slice only: a NaN scale in row 20 of blk.0.attn_q
+    # (Q8_0: one 34-byte block per row of 32; rank 1 reads rows 16-31, heads 2 and 3)
+    from handformer.pretrained.gguf import read_gguf
+    info = read_gguf(out / "tiny.gguf").tensors["blk.0.attn_q.weight"]
+    data = bytearray((out / "tiny.gguf").read_bytes())
+    data[info.offset + 20 * 34:info.offset + 20 * 34 + 2] = b"\x00\x7e"  # float16 NaN
+    (out / "nan.gguf").write_bytes(bytes(data))
 dist.barrier()
 torch.manual_seed(2)  # every rank the same inputs (rank 0 drew more numbers above)
 ids = torch.randint(0, 16, (1, 8))
@@ -144,6 +165,10 @@ try:
     load_lm(out / f"llama-{rank}", tokenizer=False, mesh=mesh)
 except Exception as e:
     saved["damaged"] = f"{type(e).__name__}: {e}"
+try:
+    load_lm(out / "nan.gguf", tokenizer=False, mesh=mesh)
+except Exception as e:
+    saved["nan"] = f"{type(e).__name__}: {e}"
 torch.save(saved, out / f"rank{rank}.pt")
 dist.destroy_process_group()
 '''
@@ -238,7 +263,32 @@ def test_a_rank_that_cannot_load_stops_every_rank_with_one_line(ranks: list[dict
                                   "model: CheckpointError: "), message
         assert "llama-1/model.safetensors" in message and "\n" not in message
     assert ranks[0]["damaged"] == ranks[1]["damaged"]
+    for rank in ranks:  # a slice only rank 1 reads is damaged: both stop, naming rank 1
+        assert rank["nan"].startswith("CheckpointError: rank 1 could not load its part of "
+                                      "the model: CheckpointError: "), rank["nan"]
+        assert "nan.gguf" in rank["nan"] and "blk.0.attn_q.weight" in rank["nan"]
+    assert ranks[0]["nan"] == ranks[1]["nan"]
     assert "already sharded" in ranks[0]["twice"]
+
+
+def test_hook_points_gather_only_when_a_hook_listens(ranks: list[dict]) -> None:
+    for rank in ranks:
+        assert rank["gathers"] == (0, 1)  # none without hooks; one for one listening point
+
+
+def test_quantized_projections_are_refused_by_name() -> None:
+    class Int8Linear(nn.Module):  # what a quantized projection looks like: no float weight
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("weight", torch.zeros(16, 8, dtype=torch.int8))
+
+    model = hf.CausalLM(hf.CausalLMConfig(vocab_size=23, max_len=16, d_model=8, num_heads=2,
+                                          num_layers=1, d_ff=16))
+    model.layers[0].ff.linear1 = Int8Linear()
+    mesh = DeviceMesh("cpu", [0, 1], _init_backend=False, _rank=0)  # no process group needed
+    with pytest.raises(ValueError, match=r"layers\.0\.ff\.linear1 is a .*Int8Linear \(a "
+                                         r"quantized model\?\): load it without quantize="):
+        parallelize(model, mesh)
 
 
 def test_the_plan_splits_whole_heads() -> None:

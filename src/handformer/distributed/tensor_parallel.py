@@ -193,9 +193,10 @@ def _check(model: object, mesh: object, vocab: object) -> None:
             weight = getattr(module, "weight", None)
             if type(module) is not nn.Linear or not isinstance(weight, Tensor) \
                     or not weight.is_floating_point():
+                kind = f"{type(module).__module__}.{type(module).__name__}"
                 raise ValueError(f"tensor parallel shards float nn.Linear projections; {name} "
-                                 f"is a {type(module).__name__} (a quantized model?): load it "
-                                 "without quantize= to run it on a mesh")
+                                 f"is a {kind} (a quantized model?): load it without "
+                                 "quantize= to run it on a mesh")
 
 
 def parallelize(model: CausalLM, mesh: DeviceMesh, *, vocab: str = "replicate",
@@ -258,12 +259,18 @@ def parallelize(model: CausalLM, mesh: DeviceMesh, *, vocab: str = "replicate",
             plan["tok_emb"] = RowwiseParallel(input_layouts=Replicate())
             plan["lm_head"] = ColwiseParallel(output_layouts=Replicate())
         parallelize_module(model, mesh, plan)
+        if tied and vocab == "shard":  # the stock styles wrap the DTensor in new Parameters
+            model.lm_head.weight = model.tok_emb.weight
         for name, p in list(model.named_parameters()):  # the replicated rest
             if p.device.type == "meta":
                 owner, _, leaf = name.rpartition(".")
                 _install(model.get_submodule(owner), leaf, read(name, None, None).to(device))
         if tied and vocab == "replicate":
             model.lm_head.weight = model.tok_emb.weight
+        for module in model.modules():  # buffers (rotary tables) follow the parameters
+            for key, buffer in module._buffers.items():
+                if buffer is not None and buffer.device != device:
+                    module._buffers[key] = buffer.to(device)
     except Exception as exc:  # told to every rank below, then raised there
         error = exc
     agree(error, mesh.get_group(), "load its part of the model")

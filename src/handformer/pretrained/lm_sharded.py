@@ -44,8 +44,21 @@ def load_sharded(source: str | os.PathLike, *, mesh: object, dtype: torch.dtype,
                  ) -> tuple[CausalLM, object | None]:
     """What ``load_lm(source, mesh=mesh)`` returns, this rank's part of the model.
 
-    Any failure on any rank (a missing or damaged file, a bad slice) is raised on every rank
-    as one :class:`~handformer.weights.CheckpointError` naming the rank.
+    Args:
+        source: as :func:`~handformer.pretrained.load_lm` (a folder, a safetensors or GGUF
+            file, a shipped name).
+        mesh: the 1-D ``DeviceMesh`` of the ranks that share the model.
+        dtype, device, attention, tokenizer: as :func:`~handformer.pretrained.load_lm`.
+        vocab: the embedding and LM head ``"replicate"``-d or ``"shard"``-ed by token id
+            (see :func:`handformer.distributed.parallelize`).
+
+    Returns:
+        ``(model, tokenizer)``: this rank's part of the model (eval mode), the tokenizer.
+
+    Raises:
+        TypeError: for a ``mesh`` that is not a ``DeviceMesh``.
+        CheckpointError: on every rank, naming the first rank that failed and its file,
+            when any rank could not open its checkpoint or read its slices.
     """
     from torch.distributed.device_mesh import DeviceMesh
 
