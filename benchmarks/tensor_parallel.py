@@ -38,17 +38,19 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _seconds(fn, arg: object, device: torch.device) -> float:  # noqa: ANN001
+    """Wall seconds of ``fn(arg)``, the ranks starting together."""
+    dist.barrier()
+    _sync(device)
+    start = time.perf_counter()
+    fn(arg)
+    _sync(device)
+    return time.perf_counter() - start
+
+
 def _median_seconds(fn, device: torch.device, repeats: int) -> float:  # noqa: ANN001
     fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        dist.barrier() if dist.is_initialized() else None
-        _sync(device)
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(_seconds(lambda _: fn(), None, device) for _ in range(repeats))
 
 
 def _local_bytes(model: torch.nn.Module) -> int:
@@ -65,7 +67,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--tokens", type=int, default=128, help="prompt length for prefill")
     parser.add_argument("--decode", type=int, default=16, help="tokens to decode")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank (CPU)")
     parser.add_argument("--check", action="store_true", help="compare logits with one process")
     parser.add_argument("--out", default=None, help="write the results as JSON here (rank 0)")
@@ -82,46 +84,48 @@ def main() -> None:
     torch.manual_seed(0)
     prompt = torch.randint(0, 1000, (1, args.tokens), device=device)
 
-    rows = []
-    for vocab in ("replicate", "shard"):
-        from handformer.pretrained import lm_sharded
+    from handformer.pretrained import lm_sharded
 
-        model, _ = lm_sharded.load_sharded(args.source, mesh=mesh, dtype=torch.float32,
-                                           device=device, attention=None, tokenizer=False,
-                                           vocab=vocab)
-        c = model.config
-        E, V = c.d_model, c.vocab_size
-        with torch.inference_mode():
-            prefill = _median_seconds(lambda m=model: m(prompt), device, args.repeats)
-            decode = _median_seconds(
-                lambda m=model: m.generate(prompt[:, :8], max_new_tokens=args.decode,
-                                           do_sample=False), device, args.repeats) / args.decode
-        per_layer = 2 * prompt.numel() * E * 4  # two all-reduces of (B, L, E) float32
-        per_forward = (prompt.numel() * E * 4 + prompt.numel() * V * 4) if vocab == "shard" else 0
-        row = {"vocab": vocab, "ranks": world, "param_bytes": _local_bytes(model),
-               "prefill_s": prefill, "decode_s_per_token": decode,
-               "allreduce_bytes_per_layer_prefill": per_layer if world > 1 else 0,
-               "allreduce_bytes_per_layer_decode": 2 * E * 4 if world > 1 else 0,
-               "vocab_bytes_per_forward_prefill": per_forward if world > 1 else 0,
+    models = {vocab: lm_sharded.load_sharded(args.source, mesh=mesh, dtype=torch.float32,
+                                             device=device, attention=None, tokenizer=False,
+                                             vocab=vocab)[0]
+              for vocab in ("replicate", "shard")}
+    if world == 1:  # the single-process baseline, no mesh, in the same run
+        models["no mesh"] = load_lm(args.source, tokenizer=False, device=device)[0]
+    c = models["replicate"].config
+    E, V = c.d_model, c.vocab_size
+
+    def prefill(m: torch.nn.Module) -> None:
+        m(prompt)
+
+    def decode(m: torch.nn.Module) -> None:
+        m.generate(prompt[:, :8], max_new_tokens=args.decode, do_sample=False)
+
+    times: dict[tuple[str, str], list[float]] = {}
+    with torch.inference_mode():
+        for m in models.values():  # warm-up
+            prefill(m), decode(m)
+        for _ in range(args.repeats):  # interleaved: the machine's load hits all alike
+            for name, m in models.items():
+                for what, fn in (("prefill", prefill), ("decode", decode)):
+                    times.setdefault((name, what), []).append(_seconds(fn, m, device))
+    rows = []
+    for name, model in models.items():
+        sharded = name == "shard" and world > 1
+        row = {"vocab": name, "ranks": world, "param_bytes": _local_bytes(model),
+               "prefill_s": statistics.median(times[name, "prefill"]),
+               "decode_s_per_token": statistics.median(times[name, "decode"]) / args.decode,
+               "allreduce_bytes_per_layer_prefill": 2 * prompt.numel() * E * 4 * (world > 1),
+               "allreduce_bytes_per_layer_decode": 2 * E * 4 * (world > 1),
+               "vocab_bytes_per_forward_prefill": prompt.numel() * (E + V) * 4 * sharded,
                "layers": c.num_layers}
-        if args.check:
+        if args.check and name != "no mesh":
             whole, _ = load_lm(args.source, tokenizer=False, device=device)
             with torch.inference_mode():
                 row["max_logit_diff"] = float((whole(prompt).logits - model(prompt).logits)
                                               .abs().max())
             del whole
         rows.append(row)
-        del model
-    if world == 1:  # the single-process baseline, no mesh, in the same run
-        model, _ = load_lm(args.source, tokenizer=False, device=device)
-        with torch.inference_mode():
-            rows.append({"vocab": "no mesh", "ranks": 1, "param_bytes": _local_bytes(model),
-                         "prefill_s": _median_seconds(lambda: model(prompt), device,
-                                                      args.repeats),
-                         "decode_s_per_token": _median_seconds(
-                             lambda: model.generate(prompt[:, :8], max_new_tokens=args.decode,
-                                                    do_sample=False),
-                             device, args.repeats) / args.decode})
     # the collective alone: one all-reduce of a decode step's (1, 1, E) and a prefill's (1, L, E)
     x1, xl = torch.ones(1, 1, E, device=device), torch.ones(1, args.tokens, E, device=device)
     comm = {f"allreduce_{tuple(x.shape)}_s": _median_seconds(lambda x=x: dist.all_reduce(x),

@@ -39,8 +39,8 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import handformer as hf
 from handformer.distributed import parallelize, shards
-from handformer.inspect import (head_ablation_hooks, head_ablation_sweep, run_with_cache,
-                                run_with_hooks)
+from handformer.inspect import (attribution_patching, head_ablation_hooks, head_ablation_sweep,
+                                run_with_cache, run_with_hooks)
 from handformer.pretrained import load_lm
 
 sys.path.insert(0, sys.argv[2])  # tests/, for gguf_util
@@ -107,6 +107,11 @@ for name, (options, vocab) in CASES.items():
         run_with_hooks(tp, ids, hooks={"blocks.1.attn.hook_z": lambda t, n: None})
         shards.dist.all_gather = gather
         saved["gathers"] = (quiet, len(calls) - quiet)
+    if name == "smollm2":  # no backward through the collectives: refused, by name
+        try:
+            attribution_patching(tp, [ids[:1]], [ids[1:]], lambda o: o.logits[0, -1, 3])
+        except ValueError as e:
+            saved["backward"] = str(e)
     if name == "smollm2":  # a sharded model refuses a second parallelize
         try:
             parallelize(tp, mesh)
@@ -269,6 +274,7 @@ def test_a_rank_that_cannot_load_stops_every_rank_with_one_line(ranks: list[dict
         assert "nan.gguf" in rank["nan"] and "blk.0.attn_q.weight" in rank["nan"]
     assert ranks[0]["nan"] == ranks[1]["nan"]
     assert "already sharded" in ranks[0]["twice"]
+    assert ranks[0]["backward"].startswith("a tensor-parallel model runs forward passes only")
 
 
 def test_hook_points_gather_only_when_a_hook_listens(ranks: list[dict]) -> None:

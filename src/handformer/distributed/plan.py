@@ -20,7 +20,15 @@ __all__ = ["split_evenly", "kv_heads_for", "vocab_range"]
 
 def split_evenly(n: int, parts: int) -> list[range]:
     """``n`` whole units over ``parts`` ranks: contiguous ranges, the first ``n % parts``
-    one unit longer. ``split_evenly(9, 2) == [range(0, 5), range(5, 9)]``."""
+    one unit longer. ``split_evenly(9, 2) == [range(0, 5), range(5, 9)]``.
+
+    Args:
+        n: how many units (heads, MLP hidden units).
+        parts: how many ranks.
+
+    Returns:
+        One ``range`` per rank, in rank order.
+    """
     base, extra = divmod(n, parts)
     bounds = [0]
     for r in range(parts):
@@ -35,6 +43,14 @@ def kv_heads_for(query_heads: range, num_heads: int, num_kv_heads: int) -> list[
     (or part of one group) keep grouped-query attention locally: each needed head once.
     A group cut between ranks: one slot per query head, so that local query head ``j``
     reads local key/value slot ``j``.
+
+    Args:
+        query_heads: the rank's query heads (a range of global indices).
+        num_heads: the model's query heads ``H``.
+        num_kv_heads: its key/value heads ``H_kv`` (dividing ``H``).
+
+    Returns:
+        The global key/value head of each local key/value slot.
     """
     group = num_heads // num_kv_heads
     needed = sorted({h // group for h in query_heads})
@@ -44,7 +60,16 @@ def kv_heads_for(query_heads: range, num_heads: int, num_kv_heads: int) -> list[
 
 def vocab_range(vocab_size: int, parts: int, rank: int) -> range:
     """This rank's token ids when the vocabulary is sharded: ``torch.chunk``'s rule, which
-    DTensor's ``Shard(0)`` follows (pieces of ``ceil(V / N)``, the last ones shorter)."""
+    DTensor's ``Shard(0)`` follows (pieces of ``ceil(V / N)``, the last ones shorter).
+
+    Args:
+        vocab_size: the vocabulary ``V``.
+        parts: how many ranks ``N``.
+        rank: this rank.
+
+    Returns:
+        The token ids this rank's rows of the embedding (and LM head) stand for.
+    """
     chunk = -(-vocab_size // parts)
     start = min(vocab_size, rank * chunk)
     return range(start, min(vocab_size, start + chunk))

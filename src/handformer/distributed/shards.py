@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from handformer.weights import CheckpointError
 
-__all__ = ["IndexShard", "sum_output", "agree"]
+__all__ = ["IndexShard", "sum_output", "agree", "no_backward"]
 
 
 class IndexShard:
@@ -46,6 +46,7 @@ class IndexShard:
 
     def gather(self, x: Tensor) -> Tensor:
         """This rank's ``(..., n_local, ...)`` -> the full ``(..., n, ...)`` (all ranks call)."""
+        no_backward(x)
         dim = self.dim % x.dim()
         part = x.movedim(dim, 0).contiguous()  # (n_local, ...)
         longest = max(self.counts)
@@ -63,6 +64,18 @@ class IndexShard:
         return x.index_select(self.dim % x.dim(), self.index.to(x.device))
 
 
+def no_backward(x: Tensor) -> None:
+    """Refuse a tensor autograd follows: the collectives here have no backward.
+
+    Raises:
+        ValueError: when ``x`` requires grad (``attribution_patching``, training).
+    """
+    if x.requires_grad and torch.is_grad_enabled():
+        raise ValueError("a tensor-parallel model runs forward passes only: its collectives "
+                         "have no backward (attribution_patching and training need one "
+                         "process, or data parallel: handformer.train.distributed)")
+
+
 def sum_output(group: dist.ProcessGroup, weights: IndexShard | None = None
                ) -> Callable[[nn.Module, tuple, object], object]:
     """A forward hook that adds the ranks' partial outputs (a row-parallel layer's sum over
@@ -70,6 +83,7 @@ def sum_output(group: dist.ProcessGroup, weights: IndexShard | None = None
     per-head ``weights`` (when not None) are gathered by ``weights``."""
 
     def hook(module: nn.Module, args: tuple, output: object) -> object:
+        no_backward(output[0] if isinstance(output, tuple) else output)  # type: ignore[index]
         if isinstance(output, tuple):
             out, attn = output
             dist.all_reduce(out, group=group)  # (B, L, E), in place
