@@ -6,8 +6,9 @@ sharded), then on the sharded one, and saves both; the test compares them (float
 logits, attention weights, every hook point of ``run_with_cache``, decoding with a cache,
 a head-ablation sweep, a patch at a global head index and greedy generation. Three shapes:
 grouped-query attention split evenly (4 heads, 2 KV heads, tied vocabulary sharded), an
-uneven head count (5 heads: 3/2, GPT-2 style with biases), and SmolLM2's shape (9 heads
-5/4, 3 KV heads: a group cut between the ranks). Then ``load_lm(..., mesh=mesh)`` reads
+uneven head count (5 heads: 3/2, GPT-2 style with biases, an untied vocabulary sharded), and
+SmolLM2's shape (9 heads 5/4, 3 KV heads: a group cut between the ranks; replicated
+vocabulary). Then ``load_lm(..., mesh=mesh)`` reads
 its slices of a safetensors folder and of a Q8_0 GGUF file (columns of half a block), and a
 rank whose copy of the file is damaged stops both ranks with one line naming it.
 """
@@ -54,7 +55,7 @@ mesh = init_device_mesh("cpu", (2,))
 CASES = {
     "gqa": (dict(num_heads=4, num_kv_heads=2, positional="rotary", norm="rms", mlp="gated",
                  activation="silu", bias=False, tie_weights=True, qk_norm=True), "shard"),
-    "uneven": (dict(num_heads=5, d_model=40), "replicate"),
+    "uneven": (dict(num_heads=5, d_model=40, tie_weights=False), "shard"),
     "smollm2": (dict(num_heads=9, num_kv_heads=3, d_model=36, positional="rotary",
                      norm="rms", mlp="gated", activation="silu", bias=False,
                      tie_weights=True), "replicate"),

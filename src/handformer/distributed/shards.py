@@ -39,7 +39,9 @@ class IndexShard:
         self.index = torch.tensor(every_index[rank], dtype=torch.long)
         flat = [g for ix in every_index for g in ix]
         size = max(flat) + 1
-        first = {g: flat.index(g) for g in range(size)}
+        first: dict[int, int] = {}
+        for position, g in enumerate(flat):  # a copy on a later rank: its first one counts
+            first.setdefault(g, position)
         if len(first) != size:
             raise ValueError(f"the ranks' indices {every_index} leave out some of 0..{size - 1}")
         self.order = torch.tensor([first[g] for g in range(size)], dtype=torch.long)

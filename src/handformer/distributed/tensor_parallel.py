@@ -222,7 +222,8 @@ def parallelize(model: CausalLM, mesh: DeviceMesh, *, vocab: str = "replicate",
             CPU for a model on ``meta``); ``f"cuda:{local_rank}"`` with NCCL.
 
     Returns:
-        ``model``, sharded (also in eval mode; the ranks agree that each one loaded).
+        ``model``, sharded, in eval mode, its parameters without gradients (the ranks
+        agree that each one loaded its part).
 
     Raises:
         TypeError: for a model that is not a CausalLM, a mesh that is not a 1-D DeviceMesh.
@@ -267,6 +268,7 @@ def parallelize(model: CausalLM, mesh: DeviceMesh, *, vocab: str = "replicate",
                 _install(model.get_submodule(owner), leaf, read(name, None, None).to(device))
         if tied and vocab == "replicate":
             model.lm_head.weight = model.tok_emb.weight
+        model.requires_grad_(False)  # forward passes only (no backward through collectives)
         for module in model.modules():  # buffers (rotary tables) follow the parameters
             for key, buffer in module._buffers.items():
                 if buffer is not None and buffer.device != device:
