@@ -116,6 +116,11 @@ for name, (options, vocab) in CASES.items():
             attribution_patching(tp, [ids[:1]], [ids[1:]], lambda o: o.logits[0, -1, 3])
         except ValueError as e:
             saved["backward"] = str(e)
+    if name == "smollm2":  # no torch.compile of the collectives in forward hooks
+        try:
+            tp.generate(ids[:1], max_new_tokens=2, compile=True)
+        except ValueError as e:
+            saved["compile"] = str(e)
     if name == "smollm2":  # a sharded model refuses a second parallelize
         try:
             parallelize(tp, mesh)
@@ -281,6 +286,7 @@ def test_a_rank_that_cannot_load_stops_every_rank_with_one_line(ranks: list[dict
         assert "nan.gguf" in rank["nan"] and "blk.0.attn_q.weight" in rank["nan"]
     assert ranks[0]["nan"] == ranks[1]["nan"]
     assert "already sharded" in ranks[0]["twice"]
+    assert ranks[0]["compile"].startswith("compile=True does not compile a tensor-parallel")
     assert ranks[0]["backward"].startswith("a tensor-parallel model runs forward passes only")
 
 
