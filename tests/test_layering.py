@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("layers", "decoder_layer", "weight_views"),  # weight_views: TransformerLens' W_Q...
     ("models",),
     ("interop",),  # torch.nn <-> handformer modules
+    ("distributed",),  # tensor parallel: shards a CausalLM over a DeviceMesh
     ("pretrained",),
     ("inspect",),  # hook points read, caches, ablations: stands on models and pretrained
     ("viz",),  # draws what inspect computes
