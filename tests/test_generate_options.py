@@ -13,10 +13,10 @@ import torch
 import transformers
 
 from cli_util import run_cli
+from handformer.chat.session import ChatSession
 from handformer.checks import OptionError
 from handformer.models.generation import apply_repetition_penalty, stop_position
 from handformer.pretrained import load_lm
-from handformer.pretrained.chat import ChatSession
 from pretrained_util import tiny_gpt2_folder
 
 PROMPT = "w1 w2 w3 w1"

@@ -28,6 +28,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("positional", "positional_rotary"),
     ("layers", "decoder_layer", "weight_views"),  # weight_views: TransformerLens' W_Q...
     ("models",),
+    ("chat", "tokenizers"),  # chat templates and sessions; text <-> token ids (a tokenizer's
+    # chat template renders through chat.template; a chat session stands on models' sampling)
     ("interop",),  # torch.nn <-> handformer modules
     ("pretrained",),
     ("inspect",),  # hook points read, caches, ablations: stands on models and pretrained

@@ -39,7 +39,9 @@ from handformer.models.causal_lm import CausalLM
 from handformer.packing import empty_packed
 from handformer.pretrained.families import HANDFORMER_TYPE, Family, family_for
 from handformer.pretrained.folders import CONFIG_NAME, WEIGHTS_NAME, read_config_json
-from handformer.pretrained.text_tokenizer import TextTokenizer, missing_tokenizer_note
+from handformer.tokenizers.byte_bpe import missing_tokenizer_note
+from handformer.tokenizers.lm import LMTokenizer
+from handformer.tokenizers.loading import folder_tokenizer, require_tokenizer
 from handformer.weights import (
     DTYPE_NAMES,
     CheckpointError,
@@ -51,9 +53,9 @@ from handformer.weights import (
     read_safetensors_header,
 )
 
-__all__ = ["load_lm", "build_causal_lm", "SafetensorsState", "open_weights", "INDEX_NAME",
-           "is_causal_source", "resolve_source", "shipped_names", "folder_tokenizer",
-           "swap_attention"]
+__all__ = ["load_lm", "load_lm_with_tokenizer", "build_causal_lm", "SafetensorsState",
+           "open_weights", "INDEX_NAME", "is_causal_source", "resolve_source", "shipped_names",
+           "folder_tokenizer", "swap_attention"]
 
 INDEX_NAME = "model.safetensors.index.json"
 
@@ -483,9 +485,10 @@ def load_lm(source: str | os.PathLike, *, dtype: torch.dtype | None = None,
 
     Returns:
         ``(model, tokenizer)``: the model in eval mode; the folder's tokenizer
-        (``tokenizer.json`` and its special tokens; GPT-2's ``vocab.json`` + ``merges.txt``),
-        or None with a ``UserWarning`` naming the missing files, or None when ``tokenizer``
-        is False.
+        (``tokenizer.json`` and its special tokens; GPT-2's ``vocab.json`` + ``merges.txt``;
+        a ``handformer train`` run's character ``vocab.json``: see
+        :func:`~handformer.tokenizers.loading.folder_tokenizer`), or None with a
+        ``UserWarning`` naming the missing files, or None when ``tokenizer`` is False.
 
     Raises:
         FileNotFoundError: for nothing at ``source`` (the message says what is read), a
@@ -505,9 +508,31 @@ def load_lm(source: str | os.PathLike, *, dtype: torch.dtype | None = None,
                  tokenizer=tokenizer, caller="load_lm")
 
 
+def load_lm_with_tokenizer(source: str | os.PathLike, *, dtype: torch.dtype | None = None,
+                           device: str | torch.device = "cpu") -> tuple[CausalLM, object]:
+    """:func:`load_lm` for callers that cannot go on without a tokenizer (the ``generate``,
+    ``chat``, ``viz`` and ``heads`` commands, the server): a folder without one is an error,
+    not a warning and None.
+
+    Args:
+        source: as :func:`load_lm`'s.
+        dtype: parameter dtype (None: float32).
+        device: where to put the model.
+
+    Returns:
+        ``(model, tokenizer)``, the tokenizer never None.
+
+    Raises:
+        ValueError: for a folder without a tokenizer, naming the files it lacks; otherwise
+            what :func:`load_lm` raises.
+    """
+    return _load(source, dtype=dtype, device=device, attention=None, tokenizer=True,
+                 caller="load_lm", required=True)
+
+
 def _load(source: str | os.PathLike, *, dtype: torch.dtype | None, device: object,
-          attention: object, tokenizer: bool, caller: str,
-          expect: str | None = None) -> tuple[CausalLM, object | None]:
+          attention: object, tokenizer: bool, caller: str, expect: str | None = None,
+          required: bool = False) -> tuple[CausalLM, object | None]:
     dtype = _check_options(dtype, attention)
     _check_device(device)
     if not isinstance(tokenizer, bool):
@@ -540,6 +565,8 @@ def _load(source: str | os.PathLike, *, dtype: torch.dtype | None, device: objec
     if not tokenizer:
         return model, None
     tok = folder_tokenizer(folder, data)
+    if tok is None and required:
+        require_tokenizer(tok, folder)  # raises, naming the missing files
     if tok is None:
         warnings.warn(f"{missing_tokenizer_note(folder)}; {caller} returns the model with "
                       f"tokenizer None (pass tokenizer=False to load the model alone without "
@@ -550,36 +577,6 @@ def _load(source: str | os.PathLike, *, dtype: torch.dtype | None, device: objec
 def _name(state: SafetensorsState, folder: Path) -> str:
     files = state.files
     return str(files[0]) if len(files) == 1 else str(folder / INDEX_NAME)
-
-
-def _eos_token_id(folder: Path, data: Mapping[str, object]) -> int | None:
-    """The end-of-text id: ``generation_config.json``'s, else ``config.json``'s (the first
-    of a list)."""
-    eos = data.get("eos_token_id")
-    gen = folder / "generation_config.json"
-    if gen.is_file():
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            eos = json.loads(gen.read_text(encoding="utf-8")).get("eos_token_id", eos)
-    if isinstance(eos, list):
-        eos = eos[0] if eos else None
-    return eos if isinstance(eos, int) and not isinstance(eos, bool) else None
-
-
-def folder_tokenizer(folder: Path, data: Mapping[str, object]) -> object | None:
-    """The tokenizer of a checkpoint folder, or None when it has none.
-
-    GPT-2 folders and ``handformer train`` runs get a
-    :class:`~handformer.pretrained.TextTokenizer` (``tokenizer.json``, or GPT-2's
-    ``vocab.json`` + ``merges.txt``); the other families an ``LMTokenizer`` (``tokenizer.json``
-    with the folder's special tokens).
-
-    Raises:
-        ValueError: for tokenizer files that cannot be read.
-    """
-    model_type = data.get("model_type")
-    if model_type not in ("gpt2", HANDFORMER_TYPE) and (folder / "tokenizer.json").is_file():
-        return _sibling("lm_tokenizer").LMTokenizer.from_folder(folder)
-    return TextTokenizer.from_dir(folder, eos_token_id=_eos_token_id(folder, data))
 
 
 def _load_gguf(path: Path, *, dtype: torch.dtype, device: object, attention: object,
@@ -603,6 +600,6 @@ def _load_gguf(path: Path, *, dtype: torch.dtype, device: object, attention: obj
     del state
     if not tokenizer:
         return model, None
-    tok = _sibling("lm_tokenizer").LMTokenizer.from_gguf_metadata(file.metadata,
+    tok = LMTokenizer.from_gguf_metadata(file.metadata,
                                                                   source=str(path))
     return model, tok
