@@ -31,3 +31,5 @@ def test_bench_llm_quick_mode_writes_results(tmp_path: Path) -> None:
     assert kv["sliding_layer_tokens"] == kv["sliding_window"] - 1  # the window, not 64
     assert data["load_memory"]["model_bytes"] > 0  # (a tiny model: imports dominate RSS)
     assert len(data["load_average_start"]) == 3 and data["streaming"]["floor_gb_per_s"] > 0
+    int8 = data["int8"]  # section 6: the shipped SmolLM2, int8 against float32
+    assert int8["top1_agreement"] >= 0.9 and int8["threads"][0]["decode_cpu_ms"]["int8"] > 0

@@ -327,7 +327,9 @@ class MultiHeadAttention(AttentionViews, nn.Module):
         return weights if need_weights else None
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
-        dtype = self.q_proj.weight.dtype
+        # An int8 projection (handformer.models.quantized) states its activations' dtype:
+        # reading its weight would dequantize it.
+        dtype = getattr(self.q_proj, "activation_dtype", None) or self.q_proj.weight.dtype
         if query.dtype != dtype and not torch.is_autocast_enabled(query.device.type):
             raise TypeError(
                 f"query has dtype {query.dtype} but MultiHeadAttention's weights are {dtype}: "

@@ -207,7 +207,12 @@ def masked_scores(q: Tensor, k: Tensor, mask: Tensor | None, *, causal: bool = F
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-    scores = torch.matmul(q.to(compute), k.to(compute).transpose(-2, -1)) * scale
+    q = q.to(compute)
+    if math.frexp(scale)[0] == 0.5:  # a power of two (1/8 for D = 64): scaling q first gives
+        # the same bits (no rounding either way) on an L_k / D times smaller tensor
+        scores = torch.matmul(q * scale, k.to(compute).transpose(-2, -1))
+    else:  # in place on the fresh product: one (..., L_q, L_k) tensor less to allocate
+        scores = torch.matmul(q, k.to(compute).transpose(-2, -1)).mul_(scale)
     scores = soft_cap(scores, softcap)  # (..., L_q, L_k)
     combined = combine_masks(mask, causal, L_q, L_k, q.device)
     if allowed is not None:
@@ -219,7 +224,9 @@ def masked_scores(q: Tensor, k: Tensor, mask: Tensor | None, *, causal: bool = F
     if combined is None:
         return scores
     if combined.dtype == torch.bool:
-        return scores.masked_fill(~combined, float("-inf"))
+        # = scores.masked_fill(~combined, -inf), value for value; torch.where is one pass
+        # where masked_fill with a broadcast mask is a copy and a slow second pass on the CPU.
+        return torch.where(combined, scores, float("-inf"))
     return scores + combined.to(compute)
 
 
@@ -232,7 +239,14 @@ def masked_softmax(scores: Tensor) -> Tensor:
     Returns:
         The attention weights, same shape and dtype.
     """
-    empty = torch.isneginf(scores).all(dim=-1, keepdim=True)  # (..., L_q, 1)
+    # A row is all -inf iff its maximum is: one reduction instead of a bool tensor of
+    # the scores' size and a reduction over it.
+    empty = torch.isneginf(scores.amax(dim=-1, keepdim=True))  # (..., L_q, 1)
+    if scores.device.type == "cpu" and not torch.compiler.is_compiling() and not bool(empty.any()):
+        # The common case (causal or padding masks): no row to fix, so skip the two
+        # passes that fix them (the check would cost a device sync on accelerators, and
+        # break the graph inside torch.compile, so the general path runs there).
+        return torch.softmax(scores, dim=-1)
     return torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
 
 

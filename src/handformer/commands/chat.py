@@ -51,6 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="random seed for sampling (default 0)")
     add_decoding_options(parser)
     add_device_argument(parser)
+    parser.add_argument("--quantize", choices=["int8"], default=None,
+                        help="int8 weights for the linear layers (CPU; see docs/llms.md)")
 
 
 def open_session(args: argparse.Namespace, max_new_tokens: int, *, dtype: object = None
@@ -64,7 +66,7 @@ def open_session(args: argparse.Namespace, max_new_tokens: int, *, dtype: object
     from handformer.pretrained import load_lm
 
     device = resolve_device(args.device)
-    model, tokenizer = load_lm(args.model, device=device, dtype=dtype)
+    model, tokenizer = load_lm(args.model, device=device, dtype=dtype, quantize=args.quantize)
     try:
         check_chat_model(tokenizer, str(args.model))
         return ChatSession(model, tokenizer, system=args.system, max_new_tokens=max_new_tokens,

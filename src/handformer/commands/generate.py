@@ -70,10 +70,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-cache", action="store_true",
                         help="recompute the whole sequence at every step (slow; for checks)")
     add_device_argument(parser)
+    parser.add_argument("--quantize", choices=["int8"], default=None,
+                        help="int8 weights for the linear layers (CPU; see docs/llms.md)")
 
 
 def load_model_and_tokenizer(source: str | Path, *, command: str = "generate",
-                             device: object = "cpu", dtype: object = None
+                             device: object = "cpu", dtype: object = None,
+                             quantize: str | None = None
                              ) -> tuple[object, object]:
     """The model and tokenizer of ``--model`` (see the module docstring), through
     :func:`handformer.pretrained.load_lm`.
@@ -97,7 +100,7 @@ def load_model_and_tokenizer(source: str | Path, *, command: str = "generate",
         raise FileNotFoundError(f"no config.json in {source}: --model takes "
                                 f"{causal_choices()}")
     is_causal_model(str(source), command, encoders=False)  # refuses other model types
-    return load_lm_with_tokenizer(source, device=device, dtype=dtype)
+    return load_lm_with_tokenizer(source, device=device, dtype=dtype, quantize=quantize)
 
 
 class _TextStream:
@@ -192,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
     if args.system is not None:
         raise UsageError("--system goes with --chat (a system message for an instruct model)")
     device = resolve_device(args.device)
-    model, tokenizer = load_model_and_tokenizer(args.model, dtype=dtype)
+    model, tokenizer = load_model_and_tokenizer(args.model, dtype=dtype, quantize=args.quantize)
     model.to(device)
     ids = tokenizer.encode(args.prompt)
     if not ids:

@@ -17,6 +17,7 @@ import socket
 import sys
 import threading
 from collections.abc import Iterator
+from functools import partial
 
 from handformer.commands.common import (
     UsageError,
@@ -45,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000,
                         help="port to listen on (default 8000; 0 = any free port)")
     add_device_argument(parser)
+    parser.add_argument("--quantize", choices=["int8"], default=None,
+                        help="int8 weights for the causal LMs' linear layers (CPU)")
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -96,10 +99,12 @@ def run(args: argparse.Namespace) -> int:
 
         from handformer.serve import create_app
         from handformer.serve.registry import ModelRegistry
+        from handformer.serve.state import ModelState
 
         port = sock.getsockname()[1]
         try:
-            registry = ModelRegistry(args.model or [None], device=device)
+            registry = ModelRegistry(args.model or [None], device=device, loader=partial(
+                ModelState, quantize=args.quantize))
         except ValueError as exc:
             if "give each model only once" not in str(exc):
                 raise

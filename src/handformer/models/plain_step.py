@@ -52,6 +52,7 @@ from handformer.attention.local import LocalAttention
 from handformer.decoder_layer import DecoderLayer
 from handformer.hooks import HookPoint
 from handformer.layers import _IN_PLACE, ACTIVATIONS, FeedForward, GatedFeedForward
+from handformer.models.quantized import Int8Linear
 from handformer.norms import LayerNorm, RMSNorm
 from handformer.packing import packed_linear
 from handformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
@@ -161,7 +162,24 @@ def plain_step_refusal(model: nn.Module, cache: DecodingCache | None) -> str | N
 
 
 def _linear(module: nn.Linear) -> Linear:
+    if type(module) is Int8Linear:  # its own product (see _product); no dequantized copy
+        return module, None  # type: ignore[return-value]
     return module.weight, module.bias
+
+
+def _product(h: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(h, weight, bias)``; for an int8 layer (:mod:`handformer.models.quantized`,
+    passed in ``weight``'s place by :func:`_linear`) the layer's own int8 product."""
+    if type(weight) is Int8Linear:
+        return weight.forward(h)
+    return F.linear(h, weight, bias)
+
+
+def _packed(*linears: nn.Linear) -> Linear | None:
+    """:func:`~handformer.packing.packed_linear`, None for int8 layers (one product each)."""
+    if any(type(m) is Int8Linear for m in linears):
+        return None
+    return packed_linear(*linears)
 
 
 def _norm(module: nn.Module | None) -> _Norm | None:
@@ -193,12 +211,12 @@ def _layer(layer: DecoderLayer, layer_cache: KVCache | WindowKVCache) -> _Layer:
         norm_first=layer.norm_first, norm1=_norm(layer.norm1), norm3=_norm(layer.norm3),
         post_attn=_norm(layer.post_attn_norm), post_mlp=_norm(layer.post_mlp_norm),
         q=_linear(attn.q_proj), k=_linear(attn.k_proj), v=_linear(attn.v_proj),
-        qkv=packed_linear(attn.q_proj, attn.k_proj, attn.v_proj),
+        qkv=_packed(attn.q_proj, attn.k_proj, attn.v_proj),
         out=_linear(attn.out_proj), q_norm=_norm(attn.q_norm), k_norm=_norm(attn.k_norm),
         gated=gated, ff1=_linear(ff.gate_proj if gated else ff.linear1),
         ff2=_linear(ff.down_proj if gated else ff.linear2),
         up=_linear(ff.up_proj) if gated else None,
-        gate_up=packed_linear(ff.gate_proj, ff.up_proj) if gated else None,
+        gate_up=_packed(ff.gate_proj, ff.up_proj) if gated else None,
         activation=_activation(ff), rotary=attn.rotary, scale=attn.scale,
         softcap=attn.attention.softcap, cache=layer_cache)
 
@@ -246,7 +264,7 @@ class PlainDecodeStep:
         elif isinstance(model.pos_emb, SinusoidalPositionalEncoding):
             self.pos_table = model.pos_emb.pe.to(self.tok_emb.dtype)
         self.final_norm = _norm(model.norm)
-        self.lm_head = model.lm_head.weight  # (V, E)
+        self.lm_head = _linear(model.lm_head)[0]  # (V, E), or an int8 layer
         self.layers = [_layer(layer, layer_cache)
                        for layer, layer_cache in zip(model.layers, cache.layers, strict=True)]
         # the distinct rotary tables (Gemma 3: one for local layers, one for global ones)
@@ -286,7 +304,7 @@ class PlainDecodeStep:
                 z = grouped_step(q, keys, values, key_mask, layer.scale)  # (B, H, 1, D)
             else:
                 z = _capped_step(q, keys, values, key_mask, layer.scale, layer.softcap)
-            attn = F.linear(z.view(B, -1), *layer.out)  # (B, H, 1, D) -> (B, E)
+            attn = _product(z.view(B, -1), *layer.out)  # (B, H, 1, D) -> (B, E)
             if layer.post_attn is not None:
                 attn = layer.post_attn(attn)
             if layer.norm_first:
@@ -299,29 +317,29 @@ class PlainDecodeStep:
             x = self.final_norm(x)
         self.cache.seen += 1
         self.cache.next_positions = positions + 1
-        return soft_cap(F.linear(x, self.lm_head), self.final_softcap)  # (B, V)
+        return soft_cap(_product(x, self.lm_head), self.final_softcap)  # (B, V)
 
     def _qk_v(self, layer: _Layer, h: Tensor) -> tuple[Tensor, Tensor]:
         """The queries and keys of ``h: (B, E)`` side by side, ``(B, H + H_kv, 1, D)``, and
         the values, ``(B, H_kv, 1, D)``: one product where the weights are packed."""
         B, H, H_kv = h.shape[0], self.num_heads, self.num_kv_heads
         if layer.qkv is not None:
-            qkv = F.linear(h, *layer.qkv).view(B, H + 2 * H_kv, 1, -1)  # (B, H + 2 H_kv, 1, D)
+            qkv = _product(h, *layer.qkv).view(B, H + 2 * H_kv, 1, -1)  # (B, H + 2 H_kv, 1, D)
             return qkv[:, :H + H_kv], qkv[:, H + H_kv:]
-        q = F.linear(h, *layer.q).view(B, H, 1, -1)  # (B, H, 1, D)
-        k = F.linear(h, *layer.k).view(B, H_kv, 1, -1)  # (B, H_kv, 1, D)
-        v = F.linear(h, *layer.v).view(B, H_kv, 1, -1)
+        q = _product(h, *layer.q).view(B, H, 1, -1)  # (B, H, 1, D)
+        k = _product(h, *layer.k).view(B, H_kv, 1, -1)  # (B, H_kv, 1, D)
+        v = _product(h, *layer.v).view(B, H_kv, 1, -1)
         return torch.cat([q, k], dim=1), v
 
     @staticmethod
     def _mlp(layer: _Layer, h: Tensor) -> Tensor:
         """The layer's MLP on ``h: (B, E)``, with its sandwich norm."""
         if layer.gate_up is not None:  # one product: [gate | up], (B, 2 d_ff)
-            gate, up = F.linear(h, *layer.gate_up).chunk(2, dim=-1)  # (B, d_ff) each
+            gate, up = _product(h, *layer.gate_up).chunk(2, dim=-1)  # (B, d_ff) each
             hidden = layer.activation(gate).mul_(up)
         elif layer.gated:
-            hidden = layer.activation(F.linear(h, *layer.ff1)).mul_(F.linear(h, *layer.up))
+            hidden = layer.activation(_product(h, *layer.ff1)).mul_(_product(h, *layer.up))
         else:
-            hidden = layer.activation(F.linear(h, *layer.ff1))  # (B, d_ff)
-        out = F.linear(hidden, *layer.ff2)  # (B, E)
+            hidden = layer.activation(_product(h, *layer.ff1))  # (B, d_ff)
+        out = _product(hidden, *layer.ff2)  # (B, E)
         return out if layer.post_mlp is None else layer.post_mlp(out)

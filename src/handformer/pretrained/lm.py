@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from handformer.attention.kinds import AttentionKind
 from handformer.layers import check_attention, projection_groups
 from handformer.models.causal_lm import CausalLM
+from handformer.models.quantized import Int8Installer, check_quantize, quantize_model
 from handformer.packing import empty_packed
 from handformer.pretrained.families import HANDFORMER_TYPE, Family, family_for
 from handformer.pretrained.folders import CONFIG_NAME, WEIGHTS_NAME, read_config_json
@@ -261,8 +262,8 @@ def swap_attention(model: CausalLM, attention: object) -> None:
 
 def build_causal_lm(hf_config: Mapping[str, object], state: Mapping[str, Tensor], *,
                     source: str, dtype: torch.dtype | None = None,
-                    device: str | torch.device = "cpu", attention: object = None
-                    ) -> CausalLM:
+                    device: str | torch.device = "cpu", attention: object = None,
+                    quantize: str | None = None) -> CausalLM:
     """A :class:`~handformer.CausalLM` from a Hugging Face config dict and its tensors.
 
     Strict and all-or-nothing: every tensor the config implies must be in ``state`` once, with
@@ -279,6 +280,8 @@ def build_causal_lm(hf_config: Mapping[str, object], state: Mapping[str, Tensor]
         device: where the parameters go.
         attention: an attention kind (or a factory) for every layer instead of the
             configured ones, with the same weights.
+        quantize: ``"int8"``: each linear layer's weight is quantized as it is read
+            (:mod:`handformer.models.quantized`); None: float.
 
     Returns:
         The model, in eval mode.
@@ -292,6 +295,7 @@ def build_causal_lm(hf_config: Mapping[str, object], state: Mapping[str, Tensor]
     """
     dtype = _check_options(dtype, attention)
     where = _check_device(device)
+    quantize = check_quantize(quantize, dtype, where)
     if not isinstance(hf_config, Mapping):
         raise TypeError(f"hf_config must be a dict (config.json), got "
                         f"{type(hf_config).__name__}")
@@ -321,7 +325,8 @@ def build_causal_lm(hf_config: Mapping[str, object], state: Mapping[str, Tensor]
                               f"({hf_config.get('model_type')}); nothing was loaded.\n"
                               + "\n".join(problems))
     aliases = {name: group[0] for group in _alias_groups(holder) for name in group}
-    slots = _packed_slots(model, dtype, where)
+    installer = Int8Installer(model) if quantize else None  # int8: no float slots to fill
+    slots = {} if installer else _packed_slots(model, dtype, where)
     values: dict[str, Tensor] = {}
     read_into = getattr(state, "read_into", None)  # a state that can fill a slot itself
     for file_key, target, _ in plan:
@@ -335,6 +340,8 @@ def build_causal_lm(hf_config: Mapping[str, object], state: Mapping[str, Tensor]
         for our_key, transform in targets:
             value = tensor if transform is None else transform(tensor)  # type: ignore[operator]
             value = value.to(device=where, dtype=dtype)
+            if installer is not None and installer.take(our_key, value):
+                continue  # quantized now; the float tensor goes
             values[our_key] = (slots[our_key].copy_(value) if our_key in slots
                                else value.contiguous())
         del tensor
@@ -342,7 +349,10 @@ def build_causal_lm(hf_config: Mapping[str, object], state: Mapping[str, Tensor]
         owner, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(owner), leaf, nn.Parameter(value))
     if config.tie_weights:  # type: ignore[attr-defined]
-        model.lm_head.weight = model.tok_emb.weight
+        if installer is not None:
+            installer.tie(model.tok_emb.weight)  # an int8 copy; the embedding stays float
+        else:
+            model.lm_head.weight = model.tok_emb.weight
     left = [n for n, p in model.named_parameters() if p.device.type == "meta"]
     if left:  # a key map that misses a parameter: a bug here, not in the file
         raise RuntimeError(f"the {family.name} key map leaves parameters unloaded: {left}")
@@ -468,7 +478,8 @@ def is_causal_source(source: object) -> bool:
 
 def load_lm(source: str | os.PathLike, *, dtype: torch.dtype | None = None,
             device: str | torch.device = "cpu", attention: object = None,
-            tokenizer: bool = True) -> tuple[CausalLM, object | None]:
+            tokenizer: bool = True, quantize: str | None = None
+            ) -> tuple[CausalLM, object | None]:
     """Load a causal language model (and its tokenizer) onto handformer's layers.
 
     Args:
@@ -482,6 +493,8 @@ def load_lm(source: str | os.PathLike, *, dtype: torch.dtype | None = None,
         attention: an attention kind (or a zero-argument factory) for every layer, replacing
             the configured ones with the same weights (as ``load_bert`` does).
         tokenizer: load the tokenizer too; False loads the model alone, quietly.
+        quantize: ``"int8"``: int8 linear layers, quantized tensor by tensor as they are read
+            (float32 activations; CPU; :mod:`handformer.models.quantized`). None: float.
 
     Returns:
         ``(model, tokenizer)``: the model in eval mode; the folder's tokenizer
@@ -503,13 +516,15 @@ def load_lm(source: str | os.PathLike, *, dtype: torch.dtype | None = None,
             truncated or corrupt files, and keys that do not match the config (every one
             listed, in the file's names); no model is returned.
         TypeError: for a non-floating ``dtype``, a bad ``attention`` or ``tokenizer``.
+        ValueError: for a ``quantize`` other than None or ``"int8"`` (or not float32 on CPU).
     """
     return _load(source, dtype=dtype, device=device, attention=attention,
-                 tokenizer=tokenizer, caller="load_lm")
+                 tokenizer=tokenizer, caller="load_lm", quantize=quantize)
 
 
 def load_lm_with_tokenizer(source: str | os.PathLike, *, dtype: torch.dtype | None = None,
-                           device: str | torch.device = "cpu") -> tuple[CausalLM, object]:
+                           device: str | torch.device = "cpu", quantize: str | None = None
+                           ) -> tuple[CausalLM, object]:
     """:func:`load_lm` for callers that cannot go on without a tokenizer (the ``generate``,
     ``chat``, ``viz`` and ``heads`` commands, the server): a folder without one is an error,
     not a warning and None.
@@ -518,6 +533,7 @@ def load_lm_with_tokenizer(source: str | os.PathLike, *, dtype: torch.dtype | No
         source: as :func:`load_lm`'s.
         dtype: parameter dtype (None: float32).
         device: where to put the model.
+        quantize: as :func:`load_lm`'s (``"int8"`` or None).
 
     Returns:
         ``(model, tokenizer)``, the tokenizer never None.
@@ -527,20 +543,22 @@ def load_lm_with_tokenizer(source: str | os.PathLike, *, dtype: torch.dtype | No
             what :func:`load_lm` raises.
     """
     return _load(source, dtype=dtype, device=device, attention=None, tokenizer=True,
-                 caller="load_lm", required=True)
+                 caller="load_lm", quantize=quantize, required=True)
 
 
 def _load(source: str | os.PathLike, *, dtype: torch.dtype | None, device: object,
           attention: object, tokenizer: bool, caller: str, expect: str | None = None,
-          required: bool = False) -> tuple[CausalLM, object | None]:
+          quantize: str | None = None, required: bool = False
+          ) -> tuple[CausalLM, object | None]:
     dtype = _check_options(dtype, attention)
     _check_device(device)
+    quantize = check_quantize(quantize, dtype, device)
     if not isinstance(tokenizer, bool):
         raise TypeError(f"tokenizer must be True or False, got {tokenizer!r}")
     path = resolve_source(source)
     if path.is_file() and path.suffix.lower() == ".gguf":
         return _load_gguf(path, dtype=dtype, device=device, attention=attention,
-                          tokenizer=tokenizer)
+                          tokenizer=tokenizer, quantize=quantize)
     if path.is_file():
         check_not_pickle(path)
         folder, state = path.parent, SafetensorsState([path])
@@ -556,12 +574,14 @@ def _load(source: str | os.PathLike, *, dtype: torch.dtype | None, device: objec
         model = CausalLM.from_pretrained(folder, dtype=dtype).to(device)
         if attention is not None:
             swap_attention(model, attention)
+        if quantize:  # a handformer run is read whole; quantized afterwards
+            quantize_model(model)
         model.eval()
     else:
         family_for(model_type)  # an unknown type is named before the weights are read
         weights = state if state is not None else open_weights(folder)
         model = build_causal_lm(data, weights, source=_name(weights, folder), dtype=dtype,
-                                device=device, attention=attention)
+                                device=device, attention=attention, quantize=quantize)
     if not tokenizer:
         return model, None
     tok = folder_tokenizer(folder, data)
@@ -580,7 +600,8 @@ def _name(state: SafetensorsState, folder: Path) -> str:
 
 
 def _load_gguf(path: Path, *, dtype: torch.dtype, device: object, attention: object,
-               tokenizer: bool) -> tuple[CausalLM, object | None]:
+               tokenizer: bool, quantize: str | None = None
+               ) -> tuple[CausalLM, object | None]:
     """A ``.gguf`` file through :mod:`handformer.pretrained.gguf`."""
     missing = _sibling("gguf.shipped").missing_libraries()
     if missing:
@@ -591,7 +612,7 @@ def _load_gguf(path: Path, *, dtype: torch.dtype, device: object, attention: obj
     hf_config, state = _sibling("gguf.convert").gguf_state(file, dtype=dtype)  # lazy
     try:
         model = build_causal_lm(hf_config, state, source=str(path), dtype=dtype,
-                                device=device, attention=attention)
+                                device=device, attention=attention, quantize=quantize)
     except CheckpointError:
         raise
     except ValueError as exc:  # a config the converter's per-key checks let through

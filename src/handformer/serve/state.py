@@ -100,12 +100,13 @@ def _is_causal_folder(folder: str | Path) -> bool:
     return is_causal_source(folder)
 
 
-def _load_causal(source: str | Path, device: torch.device) -> tuple[nn.Module, object]:
+def _load_causal(source: str | Path, device: torch.device, quantize: str | None = None
+                 ) -> tuple[nn.Module, object]:
     """``load_lm``'s model and tokenizer (a ``handformer train`` run's character vocabulary
     where it has no other; a folder without any is an error)."""
     from handformer.pretrained.lm import load_lm_with_tokenizer
 
-    return load_lm_with_tokenizer(source, device=device)
+    return load_lm_with_tokenizer(source, device=device, quantize=quantize)
 
 
 class ModelState:
@@ -116,6 +117,7 @@ class ModelState:
             :func:`~handformer.pretrained.load_lm` reads: a GPT-2 / Llama / Mistral / Qwen /
             Gemma / ``handformer train`` folder, a ``.gguf`` file or a shipped name.
         device: where the model runs.
+        quantize: "int8" for int8 linear layers in a causal LM (see ``load_lm``); None: float.
 
     Attributes:
         causal: True for a causal language model, False for an encoder.
@@ -135,14 +137,15 @@ class ModelState:
         FileNotFoundError, ValueError: from the loaders, for folders that are not models.
     """
 
-    def __init__(self, folder: str | Path | None = None, *, device: str = "cpu") -> None:
+    def __init__(self, folder: str | Path | None = None, *, device: str = "cpu",
+                 quantize: str | None = None) -> None:
         self.device = torch.device(device)
         path = None if folder is None else Path(folder)
         self.causal = folder is not None and _is_causal_folder(
             folder if isinstance(folder, str) else path)
         if self.causal:
             model, tokenizer = _load_causal(folder if isinstance(folder, str) else path,
-                                            self.device)
+                                            self.device, quantize)
             c = model.config
             self.num_layers, self.num_heads, self.max_tokens = c.num_layers, c.num_heads, c.max_len
             self.embed_tokens = self.max_tokens

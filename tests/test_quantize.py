@@ -1,0 +1,237 @@
+"""Int8 inference (``load_lm(..., quantize="int8")``, handformer.models.quantized).
+
+The layer against a float64 reference of the scheme it states (per-row int8 weights, float
+activations); loading from a safetensors folder (written here by transformers) and from the
+shipped SmolLM2 GGUF; agreement with float32 on English, Chinese and code prompts, reported
+as llama.cpp reports its quantizations (top-1 agreement, mean KL, max logit difference);
+hook points, the activation cache and generation on the quantized model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from handformer.inspect import run_with_cache
+from handformer.models.quantized import Int8Linear, check_quantize, quantize_model
+from handformer.pretrained import load_lm
+
+PROMPTS = {
+    "english": "The history of the printing press begins in the fifteenth century, when "
+               "Johannes Gutenberg combined movable metal type, oil-based ink and a screw "
+               "press. Within fifty years, presses across Europe had produced millions of "
+               "books, and ideas travelled faster than ever before.",
+    "chinese": "北京是中国的首都，有三千多年的历史。这座城市有许多著名的景点，比如故宫、天坛和"
+               "长城。每年都有成千上万的游客来这里参观，品尝北京烤鸭。",
+    "code": "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+            "    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n\n\n"
+            "for i in range(10):\n    print(i, fibonacci(i))\n",
+}
+
+
+def _reference_weight(w: torch.Tensor) -> torch.Tensor:
+    """Per-row symmetric int8 in float64: ``s_r = max|W_r| / 127``, ``round(W / s) * s``."""
+    w = w.double()
+    s = w.abs().amax(dim=1, keepdim=True) / 127
+    return torch.round(w / s).clamp(-128, 127) * s
+
+
+def test_weight_is_the_per_row_int8_grid():
+    w = torch.randn(40, 24) * torch.linspace(0.1, 5, 40)[:, None]
+    layer = Int8Linear(w)
+    torch.testing.assert_close(layer.weight.double(), _reference_weight(w), atol=1e-6,
+                               rtol=0)
+    assert layer.weight.dtype == torch.float32 and layer.weight.shape == (40, 24)
+
+
+def test_an_outlier_channel_keeps_the_small_entries():
+    """An input with one huge channel (an LLM's MLP hidden vector): the product stays within
+    a hair of the float64 product with the quantized weight. One 8-bit quantization of the
+    input would lose the small entries (an error of ~30 here)."""
+    g = torch.Generator().manual_seed(0)
+    w, bias = torch.randn(64, 48, generator=g), torch.randn(64, generator=g)
+    x = torch.randn(3, 5, 48, generator=g)
+    x[..., 7] = 300.0
+    layer = Int8Linear(w, bias)
+    ref = x.double() @ _reference_weight(w).T + bias.double()
+    out = layer(x)
+    assert out.shape == (3, 5, 64) and out.dtype == torch.float32
+    assert float((out.double() - ref).abs().max()) < 0.05 * float(ref.abs().max()) / 100
+
+
+def test_a_deep_copy_shares_the_int8_weights():
+    import copy
+
+    layer = Int8Linear(torch.randn(6, 5), torch.randn(6))
+    twin = copy.deepcopy(layer)
+    assert twin._packed is layer._packed and twin.bias is not layer.bias
+    x = torch.randn(2, 5)
+    torch.testing.assert_close(twin(x), layer(x), atol=0, rtol=0)
+    shared = copy.deepcopy(layer, memo={id(layer.bias): layer.bias})  # as serve's variants
+    assert shared.bias is layer.bias
+
+
+def test_options_are_checked():
+    assert check_quantize(None) is None and check_quantize("int8") == "int8"
+    with pytest.raises(ValueError, match=r"quantize must be None or one of \['int8'\], got 'int4'"):
+        check_quantize("int4")
+    with pytest.raises(ValueError, match="dtype must be float32.*bfloat16"):
+        check_quantize("int8", torch.bfloat16)
+    with pytest.raises(ValueError, match="CPU only.*cuda"):
+        check_quantize("int8", None, "cuda")
+    with pytest.raises(TypeError, match="float32 inputs.*float64"):
+        Int8Linear(torch.randn(4, 3))(torch.randn(2, 3, dtype=torch.float64))
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    transformers = pytest.importorskip("transformers")
+    folder = tmp_path_factory.mktemp("llama")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+        tie_word_embeddings=False, attention_bias=True, bos_token_id=None, eos_token_id=None)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def test_safetensors_folder_loads_quantized_with_the_same_names(llama_dir: Path):
+    fp, _ = load_lm(llama_dir, tokenizer=False)
+    q, _ = load_lm(llama_dir, tokenizer=False, quantize="int8")
+    linears = {n for n, m in fp.named_modules() if type(m) is nn.Linear}
+    assert linears and linears == {n for n, m in q.named_modules() if type(m) is Int8Linear}
+    assert [n for n, _ in q.named_modules()] == [n for n, _ in fp.named_modules()]
+    # What stays float: the embedding, the norms and the biases, nothing of a weight matrix.
+    floats = {n for n, p in q.named_parameters()}
+    assert floats == {n for n in dict(fp.named_parameters())
+                      if not (n.endswith(".weight") and n[:-7] in linears)}
+    assert q.layers[0].self_attn.q_proj.bias is not None  # loaded after its weight
+    torch.testing.assert_close(q.layers[0].self_attn.q_proj.bias,
+                               fp.layers[0].self_attn.q_proj.bias)
+    for name in linears:
+        torch.testing.assert_close(q.get_submodule(name).weight.double(),
+                                   _reference_weight(fp.get_submodule(name).weight))
+    ids = torch.randint(0, 61, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        ref, out = fp(ids).logits, q(ids).logits
+    assert float((out - ref).abs().max()) < 0.05 * float(ref.abs().max())
+    # The same model, quantized after loading, computes the same logits.
+    with torch.inference_mode():
+        torch.testing.assert_close(quantize_model(fp)(ids).logits, out)
+
+
+def test_generate_with_the_cache_matches_the_full_recompute(llama_dir: Path):
+    q, _ = load_lm(llama_dir, tokenizer=False, quantize="int8")
+    ids = torch.tensor([[3, 14, 15, 9, 26]])
+    with torch.inference_mode():
+        cached = q.generate(ids, max_new_tokens=6)  # the plain decoding step
+        modules = q.generate(ids, max_new_tokens=6, plain_step=False)
+        full = q.generate(ids, max_new_tokens=6, use_cache=False)
+    assert torch.equal(cached, full) and torch.equal(modules, full)
+    # The plain step takes int8 layers (their own products, nothing dequantized) and gives
+    # the modules' logits.
+    cache = q.new_cache()
+    with torch.inference_mode():
+        q(ids, cache=cache)
+        step = q.plain_decode_step(cache)
+        assert step is not None
+        logits = step(torch.tensor([7]))
+        again = q.new_cache()
+        q(ids, cache=again)
+        ref = q(torch.tensor([[7]]), cache=again).logits[:, -1]
+    torch.testing.assert_close(logits, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def smollm2_int8(smollm2_file):  # noqa: ANN001, ANN201
+    model, _ = load_lm(smollm2_file, tokenizer=False, quantize="int8")
+    return model
+
+
+def test_agreement_with_float32_on_three_prompts(smollm2, smollm2_int8):
+    """llama.cpp's own quantizations agree with float32 on 89-98 % of top-1 tokens; the goal
+    here is >= 95 % over the three prompts, each close behind, the distributions close."""
+    model, tok = smollm2
+    agree = total = 0
+    for name, text in PROMPTS.items():
+        ids = torch.tensor([tok.encode(text)])
+        with torch.inference_mode():
+            ref, out = model(ids).logits[0], smollm2_int8(ids).logits[0]  # (L, V)
+        same = int((ref.argmax(-1) == out.argmax(-1)).sum())
+        agree, total = agree + same, total + len(ref)
+        kl = F.kl_div(out.log_softmax(-1), ref.log_softmax(-1), log_target=True,
+                      reduction="none").sum(-1).mean()  # KL(float32 || int8) per token
+        assert same / len(ref) >= 0.9, (name, same / len(ref))
+        assert float(kl) < 0.02, (name, float(kl))
+        assert float((out - ref).abs().max()) < 5.0, name
+    assert agree / total >= 0.95, agree / total
+
+
+def test_hooks_and_cache_see_the_float_activations(smollm2, smollm2_int8):
+    model, tok = smollm2
+    ids = torch.tensor([tok.encode(PROMPTS["english"])[:24]])
+    with torch.inference_mode():
+        _, ref = run_with_cache(model, ids)
+        out, cache = run_with_cache(smollm2_int8, ids)
+    assert list(cache) == list(ref)
+    for name in ref:
+        assert cache[name].shape == ref[name].shape and cache[name].dtype == ref[name].dtype
+    # The patterns are the float model's within quantization noise, rows summing to one.
+    torch.testing.assert_close(cache["pattern", 3].sum(-1),
+                               torch.ones_like(cache["pattern", 3].sum(-1)))
+    assert float((cache["pattern", 3] - ref["pattern", 3]).abs().max()) < 0.1
+    # Direct logit attribution reads W_U from the int8 head (dequantized): the final
+    # residual through the final norm's weight and W_U gives the model's logits back.
+    with torch.no_grad():
+        resid = cache.accumulated_resid(apply_ln=True)[-1, 0, -1]  # (E,)
+        direct = (resid * smollm2_int8.norm.weight) @ smollm2_int8.lm_head.weight.T  # (V,)
+    assert float((direct - out.logits[0, -1]).abs().max()) < 0.01
+
+
+@pytest.fixture(scope="module")
+def llama_tok_dir(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama with a character tokenizer (what the commands and the server need)."""
+    import shutil
+
+    tok = pytest.importorskip("tokenizers")
+    folder = Path(shutil.copytree(llama_dir, tmp_path_factory.mktemp("tok") / "llama"))
+    vocab = {chr(48 + i): i for i in range(61)}  # "0" ... "l", the model's 61 ids
+    tokenizer = tok.Tokenizer(tok.models.WordLevel(vocab, unk_token="0"))
+    tokenizer.pre_tokenizer = tok.pre_tokenizers.Split("", "isolated")
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def test_generate_command_takes_quantize(llama_tok_dir: Path,
+                                         capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch):
+    import handformer.pretrained.lm as lm
+    from cli_util import run_cli
+
+    seen = []
+    real = lm.load_lm
+    monkeypatch.setattr(lm, "load_lm", lambda *a, **k: seen.append(k.get("quantize"))
+                        or real(*a, **k))
+    folder = llama_tok_dir
+    code, out, err = run_cli(capsys, ["generate", "--model", str(folder), "--prompt", "abc",
+                                      "--max-new-tokens", "3", "--quantize", "int8"])
+    assert code == 0, err
+    assert seen == ["int8"] and out.strip()
+    code, _, err = run_cli(capsys, ["generate", "--model", str(folder), "--prompt", "abc",
+                                    "--quantize", "int4"])
+    assert code == 2 and "--quantize: invalid choice: 'int4'" in err
+
+
+def test_serve_state_loads_int8_and_its_variants_share_the_weights(llama_tok_dir: Path):
+    from handformer.serve.state import AttentionChoice, ModelState
+
+    state = ModelState(str(llama_tok_dir), quantize="int8")
+    local = state.variant(AttentionChoice("local", window_size=3))
+    base_q = state.model.layers[0].self_attn.q_proj
+    assert type(base_q) is Int8Linear
+    assert local.layers[0].self_attn.q_proj._packed is base_q._packed
