@@ -134,8 +134,9 @@ def test_cli_dtype_and_threads(folder: Path, capsys, monkeypatch) -> None:
     loads = []
     import handformer.pretrained.lm as lm
 
-    real = lm.load_lm
-    monkeypatch.setattr(lm, "load_lm", lambda *a, **k: loads.append(k["dtype"]) or real(*a, **k))
+    real = lm.load_lm_with_tokenizer  # what the commands load with
+    monkeypatch.setattr(lm, "load_lm_with_tokenizer",
+                        lambda *a, **k: loads.append(k["dtype"]) or real(*a, **k))
     before = torch.get_num_threads()
     try:
         code, out, _ = _generate(capsys, folder, "--dtype", "bfloat16", "--threads", "1")
