@@ -20,12 +20,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.device_mesh import DeviceMesh
 
 import handformer as hf
 from handformer import features, inspect, masks
 from handformer.chat.template import render_chat_template
 from handformer.cli import main
-from handformer.pretrained import CheckpointError, load_bert
+from handformer.distributed import parallelize
+from handformer.pretrained import CheckpointError, load_bert, load_lm
 from handformer.pretrained.gguf import gguf_to_hf, read_gguf, shipped_path
 from handformer.pretrained.gpt2 import load_gpt2
 from handformer.tokenizers.lm import LMTokenizer
@@ -276,7 +278,11 @@ def namespace(tmp: Path) -> dict[str, object]:
     existing_run = tmp / "existing-run"
     existing_run.mkdir()
     (existing_run / "train.json").write_text("{}")
+    def mesh(n: int) -> DeviceMesh:  # a mesh of n ranks seen from rank 0, no process group
+        return DeviceMesh("cpu", list(range(n)), _init_backend=False, _rank=0)
+
     return {"torch": torch, "hf": hf, "masks": masks, "t": t, "ids": ids, "lm": lm,
+            "parallelize": parallelize, "mesh": mesh, "load_lm": load_lm,
             "bert": bert, "bert_dir": bert_dir, "gpt2_dir": gpt2_dir, "damaged": damaged,
             "load_bert": load_bert, "load_gpt2": load_gpt2, "TrainConfig": TrainConfig,
             "train": train, "load_checkpoint": load_checkpoint, "checkpoint": checkpoint,

@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("chat", "tokenizers"),  # chat templates and sessions; text <-> token ids (a tokenizer's
     # chat template renders through chat.template; a chat session stands on models' sampling)
     ("interop",),  # torch.nn <-> handformer modules
+    ("distributed",),  # tensor parallel: shards a CausalLM over a DeviceMesh
     ("pretrained",),
     ("inspect",),  # hook points read, caches, ablations: stands on models and pretrained
     ("viz",),  # draws what inspect computes

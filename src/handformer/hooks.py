@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from threading import Lock
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
@@ -36,6 +37,16 @@ _open_blocks = 0
 _open_lock = Lock()
 
 
+class Shard(Protocol):
+    """What a hook point of a sharded module holds (see :mod:`handformer.distributed`)."""
+
+    def gather(self, x: Tensor) -> Tensor:
+        """This rank's piece -> the full tensor (every rank takes part)."""
+
+    def local(self, x: Tensor) -> Tensor:
+        """The full tensor -> this rank's piece."""
+
+
 class HookError(ValueError):
     """A hook returned something the model cannot go on with (wrong type, shape or dtype)."""
 
@@ -46,7 +57,13 @@ class HookPoint(nn.Module):
     It has no parameters and no state; the hooks that listen are looked up in the current
     context (see :func:`active_hooks`). Inside ``torch.compile`` hook points are plain
     pass-throughs.
+
+    Under tensor parallel (:mod:`handformer.distributed`) a hook point inside a sharded
+    module holds a ``shard``: when a hook listens, the ranks' pieces are gathered into the
+    full tensor for the hooks, and a replacement is cut back to this rank's piece.
     """
+
+    shard: Shard | None = None  # set on the instance by handformer.distributed
 
     def __call__(self, x: Tensor) -> Tensor:  # cheaper than nn.Module.__call__: no hooks dicts
         if not _open_blocks or torch.compiler.is_compiling():
@@ -57,9 +74,13 @@ class HookPoint(nn.Module):
         fns = active.get(self)
         if not fns:
             return x
+        full = x if self.shard is None else self.shard.gather(x)  # (every rank's part)
+        seen = full
         for name, fn in fns:
-            x = _apply(fn, x, name)
-        return x
+            seen = _apply(fn, seen, name)
+        if seen is full:  # only looked: go on with the tensor itself
+            return x
+        return seen if self.shard is None else self.shard.local(seen)
 
     def forward(self, x: Tensor) -> Tensor:
         """Identity (what ``__call__`` computes when no hook listens)."""

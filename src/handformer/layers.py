@@ -220,9 +220,10 @@ class MultiHeadAttention(AttentionViews, nn.Module):
         self.hook_result = HookPoint()
 
     def split_heads(self, x: Tensor, heads: int | None = None) -> Tensor:
-        """``(B, L, heads * D)`` -> ``(B, heads, L, D)`` (``heads`` defaults to ``H``)."""
+        """``(B, L, heads * D)`` -> ``(B, heads, L, D)`` (``heads`` defaults to as many as
+        ``x`` holds: ``H``, or this rank's share under tensor parallel)."""
         B, L, _ = x.shape
-        heads = self.num_heads if heads is None else heads
+        heads = -1 if heads is None else heads
         return x.view(B, L, heads, self.head_dim).transpose(1, 2)  # (B, heads, L, D)
 
     def merge_heads(self, x: Tensor) -> Tensor:
@@ -261,10 +262,12 @@ class MultiHeadAttention(AttentionViews, nn.Module):
         key = query if key is None else key
         value = key if value is None else value
         self._check_inputs(query, key, value)
-        H_kv = self.num_kv_heads
+        # The heads are counted from the projections' outputs: all of them in one process,
+        # this rank's under tensor parallel (handformer.distributed), where the hook points
+        # gather the full (B, H, ...) tensors for the hooks that listen.
         q = self.hook_q(self.split_heads(self.q_proj(query)))  # (B, H, L_q, D)
-        k = self.hook_k(self.split_heads(self.k_proj(key), H_kv))  # (B, H_kv, L_k, D)
-        v = self.hook_v(self.split_heads(self.v_proj(value), H_kv))  # (B, H_kv, L_k, D)
+        k = self.hook_k(self.split_heads(self.k_proj(key)))  # (B, H_kv, L_k, D)
+        v = self.hook_v(self.split_heads(self.v_proj(value)))  # (B, H_kv, L_k, D)
         if self.q_norm is not None:  # QK-norm: each head's vector, before the rotation
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary is not None:
@@ -280,7 +283,7 @@ class MultiHeadAttention(AttentionViews, nn.Module):
             if explicit:
                 weights = self._look_at_cached_pattern(weights, need_weights)
         elif explicit:
-            groups = self.num_heads // H_kv
+            groups = q.shape[1] // k.shape[1]  # query heads per key/value head
             out, weights = self._attend_explicit(q, repeat_kv(k, groups), repeat_kv(v, groups),
                                                  mask, causal, dropout_p)
             weights = weights if need_weights else None
@@ -300,7 +303,7 @@ class MultiHeadAttention(AttentionViews, nn.Module):
         ``W_O`` ``(E, H * D)`` viewed as ``(E, H, D)``; head ``h`` contributes
         ``z[:, :, h] @ W_O[:, h].T``; the bias is added once, after the sum.
         """
-        weight = self.out_proj.weight.view(self.d_model, self.num_heads, self.head_dim)
+        weight = self.out_proj.weight.view(self.d_model, -1, self.head_dim)  # (E, H, D)
         result = self.hook_result(torch.einsum("blhd,ehd->blhe", z, weight))  # (B, L, H, E)
         out = result.sum(dim=2)  # (B, L_q, E)
         return out if self.out_proj.bias is None else out + self.out_proj.bias

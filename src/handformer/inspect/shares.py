@@ -16,16 +16,23 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from handformer.distributed import tensor_parallel_size
+
 __all__ = ["rank_and_world", "my_share", "reduce_sum", "progress_bar"]
 
 T = TypeVar("T")
 
 
 def rank_and_world() -> tuple[int, int]:
-    """``(rank, world_size)`` of the process group, ``(0, 1)`` without one."""
+    """``(rank, world_size)`` of the process group, ``(0, 1)`` without one.
+
+    Under tensor parallel (:func:`handformer.distributed.parallelize`) the ranks that share
+    one model count as one: ``(rank // tp, world_size // tp)``, so they run the same prompts.
+    """
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
+        tp = tensor_parallel_size()
+        return dist.get_rank() // tp, dist.get_world_size() // tp
     return 0, 1
 
 
@@ -46,7 +53,7 @@ def reduce_sum(total: Tensor) -> Tensor:
     device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else "cpu"
     buffer = total.to(device).contiguous()
     dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
-    return buffer.to(total.device)
+    return buffer.to(total.device) / tensor_parallel_size()  # each model's ranks counted once
 
 
 def progress_bar(total: int, desc: str, show: bool | None) -> tqdm:

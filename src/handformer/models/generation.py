@@ -297,6 +297,9 @@ def _compiled_run(model: nn.Module, compile: bool, backend: str, use_cache: bool
     if not hasattr(model, "decode_step") or not hasattr(model, "run"):
         raise ValueError(f"compile=True needs a model with decode_step() and run() (a "
                          f"handformer CausalLM), got {type(model).__name__}")
+    if getattr(model, "_tensor_parallel", None) is not None:  # handformer.distributed
+        raise ValueError("compile=True does not compile a tensor-parallel model (its "
+                         "collectives run in forward hooks); use compile=False")
     kind = getattr(model.config, "attention", None)
     if kind not in ("full", "linear"):
         raise ValueError(f"compile=True supports attention='full' and 'linear' (caches of "

@@ -378,8 +378,8 @@ def is_causal_source(source: object) -> bool:
 
 def load_lm(source: str | os.PathLike, *, dtype: torch.dtype | None = None,
             device: str | torch.device = "cpu", attention: object = None,
-            tokenizer: bool = True, quantize: str | None = None
-            ) -> tuple[CausalLM, object | None]:
+            tokenizer: bool = True, quantize: str | None = None,
+            mesh: object = None) -> tuple[CausalLM, object | None]:
     """Load a causal language model (and its tokenizer) onto handformer's layers.
 
     Args:
@@ -395,6 +395,9 @@ def load_lm(source: str | os.PathLike, *, dtype: torch.dtype | None = None,
         tokenizer: load the tokenizer too; False loads the model alone, quietly.
         quantize: ``"int8"``: int8 linear layers, quantized tensor by tensor as they are read
             (float32 activations; CPU; :mod:`handformer.models.quantized`). None: float.
+        mesh: a 1-D ``torch.distributed`` ``DeviceMesh``: tensor parallel, each rank reading
+            only its slices of the checkpoint (see :mod:`handformer.distributed`); call it on
+            every rank. None: the whole model in this process.
 
     Returns:
         ``(model, tokenizer)``: the model in eval mode; the folder's tokenizer
@@ -416,8 +419,18 @@ def load_lm(source: str | os.PathLike, *, dtype: torch.dtype | None = None,
             truncated or corrupt files, and keys that do not match the config (every one
             listed, in the file's names); no model is returned.
         TypeError: for a non-floating ``dtype``, a bad ``attention`` or ``tokenizer``.
-        ValueError: for a ``quantize`` other than None or ``"int8"`` (or not float32 on CPU).
+        ValueError: for a ``quantize`` other than None or ``"int8"`` (or not float32 on CPU),
+            or ``quantize`` together with ``mesh``.
     """
+    if mesh is not None:  # tensor parallel: handformer.pretrained.lm_sharded
+        if quantize is not None:
+            raise ValueError(f"quantize={quantize!r} cannot be combined with mesh: tensor "
+                             "parallel shards float weights only")
+        dtype = _check_options(dtype, attention)
+        _check_device(device)
+        return _sibling("lm_sharded").load_sharded(source, mesh=mesh, dtype=dtype,
+                                                   device=device, attention=attention,
+                                                   tokenizer=tokenizer)
     return _load(source, dtype=dtype, device=device, attention=attention,
                  tokenizer=tokenizer, caller="load_lm", quantize=quantize)
 
