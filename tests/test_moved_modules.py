@@ -55,6 +55,9 @@ def test_every_old_path_is_a_shim_and_nothing_inside_imports_one() -> None:
         assert f"from {package} import {module} as _new" in text, path
     olds = set(MOVED)
     for path in (SRC / "handformer").rglob("*.py"):
+        if path.name == "_moved.py":  # the table of old paths itself
+            continue
         text = path.read_text(encoding="utf-8")
-        used = [old for old in olds if f"{old} import" in text or f"import {old}" in text]
+        used = [old for old in olds if f"{old} import" in text or f"import {old}" in text
+                or f'"{old}"' in text or f'_sibling("{old.rpartition(".")[2]}")' in text]
         assert not used, f"{path} imports {used}"
