@@ -94,7 +94,7 @@ TOKENIZER_SCRIPT = r"""
 import json, sys, time
 from handformer.pretrained.gguf import read_gguf
 try:
-    from handformer.pretrained.lm_tokenizer import LMTokenizer
+    from handformer.tokenizers.lm import LMTokenizer
 except ImportError:
     print(json.dumps(None)); sys.exit(0)
 start = time.perf_counter()

@@ -94,7 +94,7 @@ def bench_llm() -> dict[str, object]:
     import httpx
     import torch
 
-    from handformer.pretrained.token_labels import token_labels
+    from handformer.tokenizers.labels import token_labels
     from handformer.viz.html import viewer_payload
 
     try:

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from common import QUICK, interleaved, machine, machine_line, write_results  # noqa: E402
-from handformer.pretrained.lm_tokenizer import LMTokenizer  # noqa: E402
+from handformer.tokenizers.lm import LMTokenizer  # noqa: E402
 from tokenizer_util import gguf_metadata  # noqa: E402
 
 TEXT = ("The quick brown fox jumps over the lazy dog. 动物没有过马路，因为它太累了。\n"

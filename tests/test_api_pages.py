@@ -31,12 +31,16 @@ SECTION = re.compile(r"^(\s*)(Args|Arguments|Parameters|Attributes|Keyword Args|
 
 
 def public_modules() -> list[str]:
+    """Every module whose name has no ``_`` part, but the old paths of moved modules (which
+    forward to their new homes, with a warning, for one release)."""
+    from handformer.pretrained._moved import MOVED
+
     names = []
     for path in sorted((SRC / "handformer").rglob("*.py")):
         parts = path.relative_to(SRC).with_suffix("").parts
         if parts[-1] == "__init__":
             parts = parts[:-1]
-        if not any(part.startswith("_") for part in parts):
+        if not any(part.startswith("_") for part in parts) and ".".join(parts) not in MOVED:
             names.append(".".join(parts))
     return names
 

@@ -1,4 +1,4 @@
-"""Chat sessions (handformer.pretrained.chat) and the ``chat`` / ``generate --chat`` commands,
+"""Chat sessions (handformer.chat.session) and the ``chat`` / ``generate --chat`` commands,
 on a tiny model with a hand-made template; the shipped SmolLM2 chat is in test_shipped_llms."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import handformer as hf
-from handformer.pretrained.chat import ChatSession, TextStream, check_chat_model
+from handformer.chat.session import ChatSession, TextStream, check_chat_model
 
 
 class TemplateTokenizer:

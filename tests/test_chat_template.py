@@ -11,13 +11,13 @@ from pathlib import Path
 import jinja2.sandbox
 import pytest
 
-from handformer.pretrained.chat_template import (
+from handformer.chat.sandbox import RenderBudget
+from handformer.chat.template import (
     ChatTemplateError,
     check_messages,
     render_chat_template,
 )
-from handformer.pretrained.lm_tokenizer import LMTokenizer
-from handformer.pretrained.template_sandbox import RenderBudget
+from handformer.tokenizers.lm import LMTokenizer
 from tokenizer_util import as_metadata, gguf_metadata, smollm2_path, spm_fields
 
 CONVERSATIONS = [

@@ -24,13 +24,13 @@ from torch.distributed.device_mesh import DeviceMesh
 
 import handformer as hf
 from handformer import features, inspect, masks
+from handformer.chat.template import render_chat_template
 from handformer.cli import main
 from handformer.distributed import parallelize
 from handformer.pretrained import CheckpointError, load_bert, load_lm
-from handformer.pretrained.chat_template import render_chat_template
 from handformer.pretrained.gguf import gguf_to_hf, read_gguf, shipped_path
 from handformer.pretrained.gpt2 import load_gpt2
-from handformer.pretrained.lm_tokenizer import LMTokenizer
+from handformer.tokenizers.lm import LMTokenizer
 from handformer.train import CharVocab, TrainConfig, train
 from handformer.train.checkpoint import load_checkpoint, save_checkpoint
 

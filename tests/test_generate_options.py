@@ -13,10 +13,10 @@ import torch
 import transformers
 
 from cli_util import run_cli
+from handformer.chat.session import ChatSession
 from handformer.checks import OptionError
 from handformer.models.generation import apply_repetition_penalty, stop_position
 from handformer.pretrained import load_lm
-from handformer.pretrained.chat import ChatSession
 from pretrained_util import tiny_gpt2_folder
 
 PROMPT = "w1 w2 w3 w1"
@@ -134,8 +134,9 @@ def test_cli_dtype_and_threads(folder: Path, capsys, monkeypatch) -> None:
     loads = []
     import handformer.pretrained.lm as lm
 
-    real = lm.load_lm
-    monkeypatch.setattr(lm, "load_lm", lambda *a, **k: loads.append(k["dtype"]) or real(*a, **k))
+    real = lm.load_lm_with_tokenizer  # what the commands load with
+    monkeypatch.setattr(lm, "load_lm_with_tokenizer",
+                        lambda *a, **k: loads.append(k["dtype"]) or real(*a, **k))
     before = torch.get_num_threads()
     try:
         code, out, _ = _generate(capsys, folder, "--dtype", "bfloat16", "--threads", "1")

@@ -28,6 +28,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("positional", "positional_rotary"),
     ("layers", "decoder_layer", "weight_views"),  # weight_views: TransformerLens' W_Q...
     ("models",),
+    ("chat", "tokenizers"),  # chat templates and sessions; text <-> token ids (a tokenizer's
+    # chat template renders through chat.template; a chat session stands on models' sampling)
     ("interop",),  # torch.nn <-> handformer modules
     ("distributed",),  # tensor parallel: shards a CausalLM over a DeviceMesh
     ("pretrained",),
@@ -259,3 +261,32 @@ def test_the_checker_reports_cycles(tmp_path):
     assert ("handformer.interop.decoder", "handformer.interop.encoder",
             "handformer.interop.decoder") in found
     assert ("handformer.cli", "handformer.commands.viz", "handformer.cli") in found
+
+
+def floors(graph: dict[str, set[str]], src: Path = SRC) -> list[str]:
+    """The house floor by floor, bottom first: each layer's units with their modules, lines
+    and the imports that leave the unit (``python tests/test_layering.py`` prints it)."""
+    files = module_files(src)
+    out = []
+    for i, layer in enumerate(LAYERS):
+        parts = []
+        for name in layer:
+            members = [m for m in graph if unit(m) == name]
+            size = sum(len(files[m].read_text(encoding="utf-8").splitlines()) for m in members)
+            below = sorted({unit(t) for m in members for t in graph[m]} - {name})
+            parts.append(f"{name} ({len(members)} modules, {size:,} lines"
+                         + (f"; imports {', '.join(below)})" if below else ")"))
+        out.append(f"{i:2d}  " + "; ".join(parts))
+    return out
+
+
+def test_floors_lists_every_unit_once() -> None:
+    lines = floors(import_graph(SRC))
+    assert len(lines) == len(LAYERS)
+    assert "tokenizers (" in lines[RANK["tokenizers"]] and "chat (" in lines[RANK["chat"]]
+
+
+if __name__ == "__main__":
+    graph = import_graph(SRC)
+    print("\n".join(floors(graph)))
+    print(f"upward imports: {len(upward_imports(graph))}, cycles: {len(cycles(graph))}")

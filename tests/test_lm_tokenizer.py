@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from handformer.pretrained.lm_tokenizer import LMTokenizer
-from handformer.pretrained.tokenizer_gguf import byte_alphabet
+from handformer.tokenizers.gguf_vocab import byte_alphabet
+from handformer.tokenizers.lm import LMTokenizer
 from handformer.weights import CheckpointError
 from tokenizer_util import (
     TEXTS,
@@ -374,7 +374,7 @@ def test_recovered_merges_equal_transformers_with_tied_scores() -> None:
 
     from transformers.tokenization_utils_base import generate_merges
 
-    from handformer.pretrained.tokenizer_gguf import sentencepiece_merges
+    from handformer.tokenizers.gguf_vocab import sentencepiece_merges
 
     rng = random.Random(0)
     for _ in range(20):

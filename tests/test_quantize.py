@@ -214,9 +214,9 @@ def test_generate_command_takes_quantize(llama_tok_dir: Path,
     from cli_util import run_cli
 
     seen = []
-    real = lm.load_lm
-    monkeypatch.setattr(lm, "load_lm", lambda *a, **k: seen.append(k.get("quantize"))
-                        or real(*a, **k))
+    real = lm.load_lm_with_tokenizer  # what the commands and the server load with
+    monkeypatch.setattr(lm, "load_lm_with_tokenizer",
+                        lambda *a, **k: seen.append(k.get("quantize")) or real(*a, **k))
     folder = llama_tok_dir
     code, out, err = run_cli(capsys, ["generate", "--model", str(folder), "--prompt", "abc",
                                       "--max-new-tokens", "3", "--quantize", "int8"])

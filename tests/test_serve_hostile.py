@@ -12,8 +12,8 @@ import threading
 import pytest
 import torch
 
-from handformer.pretrained import chat_template
-from handformer.pretrained.chat_template import render_chat_template
+from handformer.chat import template as chat_template
+from handformer.chat.template import render_chat_template
 from handformer.serve import ModelState
 from handformer.serve.app import create_app
 from serve_util import Server, causal_folder

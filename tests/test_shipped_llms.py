@@ -65,7 +65,7 @@ def test_gemma3_continues_chinese(gemma3) -> None:
 
 
 def test_smollm2_chats(smollm2) -> None:
-    from handformer.pretrained.chat import ChatSession
+    from handformer.chat.session import ChatSession
 
     model, tokenizer = smollm2
     session = ChatSession(model, tokenizer, max_new_tokens=40)
@@ -75,7 +75,7 @@ def test_smollm2_chats(smollm2) -> None:
 
 
 def test_gemma3_refuses_chat(gemma3) -> None:
-    from handformer.pretrained.chat import ChatSession
+    from handformer.chat.session import ChatSession
 
     model, tokenizer = gemma3
     with pytest.raises(ValueError, match="no chat template"):

@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 from tokenizers import pre_tokenizers
 
-from handformer.pretrained.text_tokenizer import TextTokenizer
-from handformer.pretrained.token_labels import (
+from handformer.tokenizers.byte_bpe import TextTokenizer
+from handformer.tokenizers.labels import (
     TextStream,
     count_unknown,
     label_words,
@@ -141,7 +141,7 @@ def test_text_stream_finish_drops_a_cut_character():
 
 
 def _alphabet():
-    from handformer.pretrained.token_labels import _ALPHABET
+    from handformer.tokenizers.labels import _ALPHABET
 
     return _ALPHABET
 

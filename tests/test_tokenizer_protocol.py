@@ -1,4 +1,4 @@
-"""Every tokenizer speaks one protocol (handformer.pretrained.protocol.Tokenizer): BERT's
+"""Every tokenizer speaks one protocol (handformer.tokenizers.protocol.Tokenizer): BERT's
 WordPiece, GPT-2's byte-level BPE, an LLM's tokenizer from a GGUF file, the trainer's
 character vocabulary. Checked by isinstance and by behaviour: batches as (B, L) tensors padded
 on the side the tokenizer names (left for causal language models), ``to_tokens`` equal to
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from handformer.pretrained import BertTokenizer, TextTokenizer
-from handformer.pretrained.lm_tokenizer import LMTokenizer
-from handformer.pretrained.protocol import Tokenizer, pad_rows
-from handformer.pretrained.tokenizer_gguf import byte_alphabet
+from handformer.tokenizers.gguf_vocab import byte_alphabet
+from handformer.tokenizers.lm import LMTokenizer
+from handformer.tokenizers.protocol import Tokenizer, pad_rows
 from handformer.train import CharVocab
 from tokenizer_util import as_metadata, gguf_metadata, smollm2_path, spm_fields
 

@@ -12,10 +12,10 @@ import torch
 import transformers
 
 from handformer.cli import main
-from handformer.pretrained.token_labels import token_labels
 from handformer.serve import ModelState, compute
 from handformer.serve.generation import Generation
 from handformer.serve.validation import parse_generate, parse_run
+from handformer.tokenizers.labels import token_labels
 from zh_util import ZH, byte_level_bpe, reference_labels
 
 UNKNOWN = re.compile(r"^(\d+) of (\d+) tokens of .* are the unknown token: all-MiniLM-L6-v2 "

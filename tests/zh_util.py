@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from handformer.pretrained.token_labels import visible
+from handformer.tokenizers.labels import visible
 
 ZH = "动物没有过马路，因为它太累了"
 EOS = "<|endoftext|>"  # id 0 of byte_level_bpe()

@@ -57,13 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def open_session(args: argparse.Namespace, max_new_tokens: int, *, dtype: object = None
                  ) -> object:
-    """Load ``args.model`` and start a :class:`~handformer.pretrained.chat.ChatSession`.
+    """Load ``args.model`` and start a :class:`~handformer.chat.session.ChatSession`.
 
     Raises:
         UsageError: for a model without a chat template or bad settings.
     """
+    from handformer.chat.session import ChatSession, check_chat_model
     from handformer.pretrained import load_lm
-    from handformer.pretrained.chat import ChatSession, check_chat_model
 
     device = resolve_device(args.device)
     model, tokenizer = load_lm(args.model, device=device, dtype=dtype, quantize=args.quantize)
@@ -83,9 +83,9 @@ def _write(text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from handformer.chat.template import ChatTemplateError
     from handformer.checks import MAX_INT
     from handformer.commands.common import check_sampling_flags
-    from handformer.pretrained.chat_template import ChatTemplateError
 
     check_sampling_flags(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                          seed=args.seed)  # before the (slow) model load

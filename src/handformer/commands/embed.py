@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     model, tokenizer = load_bert(args.model)
     model.to(device)
-    from handformer.pretrained.token_labels import ENCODER_ADVICE, texts_unknown_notice
+    from handformer.tokenizers.labels import ENCODER_ADVICE, texts_unknown_notice
 
     name = ("all-MiniLM-L6-v2" if args.model is None
             else Path(args.model).resolve().name or args.model)

@@ -86,10 +86,8 @@ def load_model_and_tokenizer(source: str | Path, *, command: str = "generate",
         UsageError: for a ``model_type`` that is not a causal LM (naming what is accepted).
         ValueError: for a folder without a tokenizer.
     """
-    import warnings
-
     from handformer.commands.common import causal_choices, is_causal_model
-    from handformer.pretrained.lm import is_causal_source, load_lm
+    from handformer.pretrained.lm import is_causal_source, load_lm_with_tokenizer
 
     path = Path(source)
     if not path.exists() and not is_causal_source(str(source)):
@@ -102,18 +100,7 @@ def load_model_and_tokenizer(source: str | Path, *, command: str = "generate",
         raise FileNotFoundError(f"no config.json in {source}: --model takes "
                                 f"{causal_choices()}")
     is_causal_model(str(source), command, encoders=False)  # refuses other model types
-    folder = path if path.is_dir() else path.parent
-    with warnings.catch_warnings():  # a missing tokenizer is said below, in one line
-        warnings.filterwarnings("ignore", message=".*has no tokenizer.*")
-        model, tokenizer = load_lm(source, device=device, dtype=dtype, quantize=quantize)
-    if tokenizer is None and (folder / "vocab.json").is_file():
-        from handformer.train.data import CharVocab
-
-        tokenizer = CharVocab.load(folder / "vocab.json")
-    if tokenizer is None:
-        raise ValueError(f"{folder} has no tokenizer: add tokenizer.json (tokenizers library) "
-                         "or a character vocab.json")
-    return model, tokenizer
+    return load_lm_with_tokenizer(source, device=device, dtype=dtype, quantize=quantize)
 
 
 class _TextStream:
@@ -239,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _chat_once(args: argparse.Namespace, dtype: object) -> int:
-    """``generate --chat TEXT``: one turn of :class:`~handformer.pretrained.chat.ChatSession`."""
+    """``generate --chat TEXT``: one turn of :class:`~handformer.chat.session.ChatSession`."""
     from handformer.commands.chat import open_session
 
     if args.no_cache:

@@ -59,7 +59,7 @@ def _model_name(folder: str | None) -> str:
 
 def _unknown_note(tokenizer: object, args: argparse.Namespace, *, encoder: bool) -> None:
     """One ``note:`` line when the model does not read the texts' script."""
-    from handformer.pretrained.token_labels import (
+    from handformer.tokenizers.labels import (
         ENCODER_ADVICE,
         LM_ADVICE,
         texts_unknown_notice,

@@ -243,7 +243,7 @@ def _run_bert(args: argparse.Namespace, text: str, device: object) -> _Run:
 
 def _unknown(tokenizer: object, ids: list[int]) -> list[bool]:
     """Per token, whether it is the tokenizer's unknown token."""
-    from handformer.pretrained.token_labels import unk_token_id
+    from handformer.tokenizers.labels import unk_token_id
 
     unk = unk_token_id(tokenizer)
     return [unk is not None and int(i) == unk for i in ids]
@@ -289,7 +289,7 @@ def _run_causal(args: argparse.Namespace, text: str, device: object) -> _Run:
         local = sum(t == "local" for t in types)
         kind_text = (f"causal attention; {local} of {len(types)} layers see the last "
                      f"{(c.window_size + 1) // 2} tokens (pattern: layer 0)")
-    from handformer.pretrained.token_labels import label_words, token_labels
+    from handformer.tokenizers.labels import label_words, token_labels
 
     labels = token_labels(tokenizer, ids)
     return _Run(Path(args.model).resolve().name, kind_text, labels,
@@ -317,7 +317,7 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     out = _check_out(args.out)
 
-    from handformer.pretrained.token_labels import unknown_notice
+    from handformer.tokenizers.labels import unknown_notice
     from handformer.viz import plot_attention, plot_heads, save_figure, save_html, summarize
     from handformer.viz.head_choice import choose_head, left_out
     from handformer.viz.heatmap import MissingGlyphWarning

@@ -17,7 +17,7 @@ def draw_attribution(model_dir: str, text: str, out: Path, *, device: object,
 
     from handformer.commands.generate import load_model_and_tokenizer
     from handformer.inspect import run_with_cache
-    from handformer.pretrained.token_labels import next_token_labels
+    from handformer.tokenizers.labels import next_token_labels
     from handformer.viz import plot_logit_attribution, save_figure
 
     model, tokenizer = load_model_and_tokenizer(model_dir)

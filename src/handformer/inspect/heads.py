@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from handformer.inspect.ablation import head_ablation_sweep, head_means
 from handformer.pretrained.bert import BertModel
 from handformer.pretrained.pooling import SentencePooling
-from handformer.pretrained.tokenizer import BertTokenizer
+from handformer.tokenizers.wordpiece import BertTokenizer
 
 __all__ = ["HeadEffects", "pair_similarity_effects", "continuation_effects", "logit_diff_effects"]
 

@@ -163,9 +163,9 @@ def _shown(tokenizer: object, context: list[int], ids: list[int], *, each: bool 
            ) -> list[str]:
     """Each token decoded alone, as TransformerLens prints it, except a piece of a character
     (U+FFFD alone): that gets its label (``"动·1/3"``, ``"byte 1/3 of a character (E5)"``, see
-    :mod:`handformer.pretrained.token_labels`). ``ids`` follow ``context`` in turn, or, with
+    :mod:`handformer.tokenizers.labels`). ``ids`` follow ``context`` in turn, or, with
     ``each``, each one on its own after it (candidates)."""
-    from handformer.pretrained.token_labels import next_token_labels, token_labels
+    from handformer.tokenizers.labels import next_token_labels, token_labels
 
     texts = [tokenizer.decode([i]) for i in ids]
     if not any("\ufffd" in t for t in texts):

@@ -13,11 +13,11 @@ from handformer.pretrained.checkpoints import bundled_model_dir, load_bert
 from handformer.pretrained.embed import embed
 from handformer.pretrained.gpt2 import load_gpt2
 from handformer.pretrained.lm import build_causal_lm, load_lm
-from handformer.pretrained.lm_tokenizer import LMTokenizer
 from handformer.pretrained.pooling import SentencePooling
-from handformer.pretrained.protocol import Tokenizer
-from handformer.pretrained.text_tokenizer import TextTokenizer
-from handformer.pretrained.tokenizer import BertTokenizer
+from handformer.tokenizers.byte_bpe import TextTokenizer
+from handformer.tokenizers.lm import LMTokenizer
+from handformer.tokenizers.protocol import Tokenizer
+from handformer.tokenizers.wordpiece import BertTokenizer
 from handformer.weights import CheckpointError, LoadReport, load_safetensors
 
 __all__ = [

@@ -21,7 +21,7 @@ from handformer.pretrained.folders import (
     read_config_json,
     resolve_checkpoint_dir,
 )
-from handformer.pretrained.tokenizer import BertTokenizer
+from handformer.tokenizers.wordpiece import BertTokenizer
 
 __all__ = ["load_bert", "bundled_model_dir", "resolve_checkpoint_dir", "BUNDLED_PACKAGE"]
 

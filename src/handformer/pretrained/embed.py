@@ -20,7 +20,7 @@ from handformer.checks import check_positive_int
 from handformer.pretrained.bert import BertModel
 from handformer.pretrained.checkpoints import load_bert
 from handformer.pretrained.pooling import SentencePooling
-from handformer.pretrained.tokenizer import BertTokenizer
+from handformer.tokenizers.wordpiece import BertTokenizer
 
 __all__ = ["embed", "default_model"]
 

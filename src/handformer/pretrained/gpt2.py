@@ -21,7 +21,7 @@ import torch
 
 from handformer.models.causal_lm import CausalLM
 from handformer.pretrained.families.gpt2 import ACTIVATIONS, gpt2_config
-from handformer.pretrained.text_tokenizer import TextTokenizer
+from handformer.tokenizers.byte_bpe import TextTokenizer
 
 __all__ = ["load_gpt2", "gpt2_config", "ACTIVATIONS", "is_gpt2_dir"]
 

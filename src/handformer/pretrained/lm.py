@@ -40,121 +40,23 @@ from handformer.models.quantized import Int8Installer, check_quantize, quantize_
 from handformer.packing import empty_packed
 from handformer.pretrained.families import HANDFORMER_TYPE, Family, family_for
 from handformer.pretrained.folders import CONFIG_NAME, WEIGHTS_NAME, read_config_json
-from handformer.pretrained.text_tokenizer import TextTokenizer, missing_tokenizer_note
+from handformer.pretrained.shards import INDEX_NAME, SafetensorsState, open_weights
+from handformer.tokenizers.byte_bpe import missing_tokenizer_note
+from handformer.tokenizers.lm import LMTokenizer
+from handformer.tokenizers.loading import folder_tokenizer, require_tokenizer
 from handformer.weights import (
     DTYPE_NAMES,
     CheckpointError,
     _plan,
-    _read_tensors,
     check_not_pickle,
-    pickle_files,
-    pickle_refusal,
-    read_safetensors_header,
 )
 
-__all__ = ["load_lm", "build_causal_lm", "SafetensorsState", "open_weights", "INDEX_NAME",
-           "is_causal_source", "resolve_source", "shipped_names", "folder_tokenizer",
-           "swap_attention"]
-
-INDEX_NAME = "model.safetensors.index.json"
+__all__ = ["load_lm", "load_lm_with_tokenizer", "build_causal_lm", "SafetensorsState",
+           "open_weights", "INDEX_NAME", "is_causal_source", "resolve_source", "shipped_names",
+           "folder_tokenizer", "swap_attention"]
 
 
-# ---- reading weights ---------------------------------------------------------------------
-
-
-class SafetensorsState(Mapping):
-    """A checkpoint's tensors by name, read from one or more safetensors files on access.
-
-    Only the headers are read on creation (each file validated: a truncated or corrupt one
-    raises there); ``state[key]`` reads that one tensor into fresh memory, so a loader that
-    installs each tensor before asking for the next holds one model's worth at the peak.
-
-    Args:
-        files: the safetensors files (one, or a sharded checkpoint's shards).
-
-    Attributes:
-        header: ``{key: {"dtype", "shape", ...}}`` over every file.
-
-    Raises:
-        FileNotFoundError, CheckpointError: as
-            :func:`~handformer.weights.read_safetensors_header`; CheckpointError also for a
-            tensor held by two shards.
-    """
-
-    def __init__(self, files: list[Path]) -> None:
-        self.files = [Path(p) for p in files]
-        self.header: dict[str, dict] = {}
-        self._where: dict[str, tuple[Path, dict, int]] = {}
-        for path in self.files:
-            header, start = read_safetensors_header(path)
-            for key, info in header.items():
-                if key in self._where:
-                    raise CheckpointError(f"{path}: tensor {key} is also in "
-                                          f"{self._where[key][0].name}; each tensor belongs "
-                                          "in one shard")
-                self._where[key] = (path, header, start)
-                self.header[key] = info
-
-    def __getitem__(self, key: str) -> Tensor:
-        path, header, start = self._where[key]
-        return _read_tensors(path, header, start, [key])[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.header)
-
-    def __len__(self) -> int:
-        return len(self.header)
-
-
-def open_weights(folder: Path) -> SafetensorsState:
-    """The weights of a checkpoint folder: ``model.safetensors``, or the shards that
-    ``model.safetensors.index.json`` lists.
-
-    Raises:
-        FileNotFoundError: for a folder without weights, or a shard the index names that is
-            not there.
-        CheckpointError: for pickle-only folders (with the conversion), a malformed index,
-            a shard name that leaves the folder, and an index that disagrees with its shards
-            (every such key named).
-    """
-    single = folder / WEIGHTS_NAME
-    if single.is_file():
-        return SafetensorsState([single])
-    index = folder / INDEX_NAME
-    if not index.is_file():
-        pickles = pickle_files(folder)
-        if pickles:
-            raise pickle_refusal(pickles[0], found_instead_of=WEIGHTS_NAME)
-        raise FileNotFoundError(f"{folder} has no {WEIGHTS_NAME} (nor a sharded "
-                                f"{INDEX_NAME})")
-    try:
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{index}: not a safetensors index (a JSON object with a "
-                              f"'weight_map'): {exc}") from None
-    if not isinstance(weight_map, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
-        raise CheckpointError(f"{index}: weight_map must map tensor names to shard file names")
-    shards = sorted(set(weight_map.values()))
-    for name in shards:
-        if Path(name).name != name or name in (".", ".."):
-            raise CheckpointError(f"{index}: shard {name!r} is not a file name in {folder}")
-        check_not_pickle(folder / name)
-        if not (folder / name).is_file():
-            raise FileNotFoundError(f"{index} lists shard {name}, which is not in {folder}")
-    state = SafetensorsState([folder / name for name in shards])
-    wrong = [f"{key} (index: {shard}, found in "
-             f"{state._where[key][0].name if key in state._where else 'no shard'})"
-             for key, shard in sorted(weight_map.items())
-             if key not in state._where or state._where[key][0].name != shard]
-    unlisted = sorted(set(state.header) - set(weight_map))
-    if wrong or unlisted:
-        sections = [f"{len(items)} {title}:\n  " + "\n  ".join(items) for title, items in (
-            ("keys not where the index says", wrong),
-            ("keys in the shards but not in the index", unlisted)) if items]
-        raise CheckpointError(f"{index} does not match its shards; nothing was loaded.\n"
-                              + "\n".join(sections))
-    return state
+# ---- reading weights (the files themselves: handformer.pretrained.shards) ----------------
 
 
 def _header_of(state: Mapping[str, Tensor]) -> dict[str, dict]:
@@ -499,9 +401,10 @@ def load_lm(source: str | os.PathLike, *, dtype: torch.dtype | None = None,
 
     Returns:
         ``(model, tokenizer)``: the model in eval mode; the folder's tokenizer
-        (``tokenizer.json`` and its special tokens; GPT-2's ``vocab.json`` + ``merges.txt``),
-        or None with a ``UserWarning`` naming the missing files, or None when ``tokenizer``
-        is False.
+        (``tokenizer.json`` and its special tokens; GPT-2's ``vocab.json`` + ``merges.txt``;
+        a ``handformer train`` run's character ``vocab.json``: see
+        :func:`~handformer.tokenizers.loading.folder_tokenizer`), or None with a
+        ``UserWarning`` naming the missing files, or None when ``tokenizer`` is False.
 
     Raises:
         FileNotFoundError: for nothing at ``source`` (the message says what is read), a
@@ -532,9 +435,33 @@ def load_lm(source: str | os.PathLike, *, dtype: torch.dtype | None = None,
                  tokenizer=tokenizer, caller="load_lm", quantize=quantize)
 
 
+def load_lm_with_tokenizer(source: str | os.PathLike, *, dtype: torch.dtype | None = None,
+                           device: str | torch.device = "cpu", quantize: str | None = None
+                           ) -> tuple[CausalLM, object]:
+    """:func:`load_lm` for callers that cannot go on without a tokenizer (the ``generate``,
+    ``chat``, ``viz`` and ``heads`` commands, the server): a folder without one is an error,
+    not a warning and None.
+
+    Args:
+        source: as :func:`load_lm`'s.
+        dtype: parameter dtype (None: float32).
+        device: where to put the model.
+        quantize: as :func:`load_lm`'s (``"int8"`` or None).
+
+    Returns:
+        ``(model, tokenizer)``, the tokenizer never None.
+
+    Raises:
+        ValueError: for a folder without a tokenizer, naming the files it lacks; otherwise
+            what :func:`load_lm` raises.
+    """
+    return _load(source, dtype=dtype, device=device, attention=None, tokenizer=True,
+                 caller="load_lm", quantize=quantize, required=True)
+
+
 def _load(source: str | os.PathLike, *, dtype: torch.dtype | None, device: object,
-          attention: object, tokenizer: bool, caller: str,
-          expect: str | None = None, quantize: str | None = None
+          attention: object, tokenizer: bool, caller: str, expect: str | None = None,
+          quantize: str | None = None, required: bool = False
           ) -> tuple[CausalLM, object | None]:
     dtype = _check_options(dtype, attention)
     _check_device(device)
@@ -571,6 +498,8 @@ def _load(source: str | os.PathLike, *, dtype: torch.dtype | None, device: objec
     if not tokenizer:
         return model, None
     tok = folder_tokenizer(folder, data)
+    if tok is None and required:
+        require_tokenizer(tok, folder)  # raises, naming the missing files
     if tok is None:
         warnings.warn(f"{missing_tokenizer_note(folder)}; {caller} returns the model with "
                       f"tokenizer None (pass tokenizer=False to load the model alone without "
@@ -581,36 +510,6 @@ def _load(source: str | os.PathLike, *, dtype: torch.dtype | None, device: objec
 def _name(state: SafetensorsState, folder: Path) -> str:
     files = state.files
     return str(files[0]) if len(files) == 1 else str(folder / INDEX_NAME)
-
-
-def _eos_token_id(folder: Path, data: Mapping[str, object]) -> int | None:
-    """The end-of-text id: ``generation_config.json``'s, else ``config.json``'s (the first
-    of a list)."""
-    eos = data.get("eos_token_id")
-    gen = folder / "generation_config.json"
-    if gen.is_file():
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            eos = json.loads(gen.read_text(encoding="utf-8")).get("eos_token_id", eos)
-    if isinstance(eos, list):
-        eos = eos[0] if eos else None
-    return eos if isinstance(eos, int) and not isinstance(eos, bool) else None
-
-
-def folder_tokenizer(folder: Path, data: Mapping[str, object]) -> object | None:
-    """The tokenizer of a checkpoint folder, or None when it has none.
-
-    GPT-2 folders and ``handformer train`` runs get a
-    :class:`~handformer.pretrained.TextTokenizer` (``tokenizer.json``, or GPT-2's
-    ``vocab.json`` + ``merges.txt``); the other families an ``LMTokenizer`` (``tokenizer.json``
-    with the folder's special tokens).
-
-    Raises:
-        ValueError: for tokenizer files that cannot be read.
-    """
-    model_type = data.get("model_type")
-    if model_type not in ("gpt2", HANDFORMER_TYPE) and (folder / "tokenizer.json").is_file():
-        return _sibling("lm_tokenizer").LMTokenizer.from_folder(folder)
-    return TextTokenizer.from_dir(folder, eos_token_id=_eos_token_id(folder, data))
 
 
 def _load_gguf(path: Path, *, dtype: torch.dtype, device: object, attention: object,
@@ -635,6 +534,6 @@ def _load_gguf(path: Path, *, dtype: torch.dtype, device: object, attention: obj
     del state
     if not tokenizer:
         return model, None
-    tok = _sibling("lm_tokenizer").LMTokenizer.from_gguf_metadata(file.metadata,
+    tok = LMTokenizer.from_gguf_metadata(file.metadata,
                                                                   source=str(path))
     return model, tok

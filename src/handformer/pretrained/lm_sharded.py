@@ -80,7 +80,7 @@ def load_sharded(source: str | os.PathLike, *, mesh: object, dtype: torch.dtype,
         return model, None
     if folder is None:  # GGUF
         file = lm._sibling("gguf.reader").read_gguf(path)
-        return model, lm._sibling("lm_tokenizer").LMTokenizer.from_gguf_metadata(
+        return model, lm.LMTokenizer.from_gguf_metadata(
             file.metadata, source=str(path))
     return model, lm.folder_tokenizer(folder, data)
 

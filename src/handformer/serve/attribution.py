@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from handformer.pretrained.token_labels import next_token_labels
 from handformer.serve.compute import _header, ablated, request_input
 from handformer.serve.state import ModelState
 from handformer.serve.validation import RequestError, RunRequest
+from handformer.tokenizers.labels import next_token_labels
 
 __all__ = ["attribution"]
 

@@ -19,7 +19,9 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
-from handformer.pretrained.token_labels import (
+from handformer.serve.state import AttentionChoice, ModelState
+from handformer.serve.validation import RequestError, RunRequest
+from handformer.tokenizers.labels import (
     label_words,
     next_token_labels,
     token_labels,
@@ -27,8 +29,6 @@ from handformer.pretrained.token_labels import (
     unknown_notice,
     visible,
 )
-from handformer.serve.state import AttentionChoice, ModelState
-from handformer.serve.validation import RequestError, RunRequest
 
 __all__ = ["run", "ablate", "rollout", "encode", "ablated", "Encoded", "visible",
            "first_head", "SERVE_ADVICE", "limit_words", "request_input"]
@@ -55,7 +55,7 @@ class Encoded:
     Attributes:
         batch: the model's keyword inputs, ``(1, L)`` tensors.
         tokens: one display label per token
-            (:func:`handformer.pretrained.token_labels.token_labels` for causal models).
+            (:func:`handformer.tokenizers.labels.token_labels` for causal models).
         notice: a sentence saying the text was cut to the model's limit, or None.
         special: per token, True for special tokens (``[CLS]``, ``[SEP]``); None if unknown.
         unknown: per token, True for the model's unknown token.

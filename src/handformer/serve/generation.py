@@ -17,10 +17,10 @@ import torch
 from torch import Tensor
 
 from handformer.models.generation import filter_logits
-from handformer.pretrained.token_labels import TextStream, token_labels
 from handformer.serve.compute import ablated, encode, limit_words
 from handformer.serve.state import ModelState
 from handformer.serve.validation import GenerateRequest
+from handformer.tokenizers.labels import TextStream, token_labels
 
 __all__ = ["Generation"]
 

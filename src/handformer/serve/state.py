@@ -103,24 +103,10 @@ def _is_causal_folder(folder: str | Path) -> bool:
 def _load_causal(source: str | Path, device: torch.device, quantize: str | None = None
                  ) -> tuple[nn.Module, object]:
     """``load_lm``'s model and tokenizer (a ``handformer train`` run's character vocabulary
-    where it has no other)."""
-    import warnings
+    where it has no other; a folder without any is an error)."""
+    from handformer.pretrained.lm import load_lm_with_tokenizer
 
-    from handformer.pretrained.lm import load_lm
-
-    with warnings.catch_warnings():  # a missing tokenizer is said below, in one line
-        warnings.filterwarnings("ignore", message=".*has no tokenizer.*")
-        model, tokenizer = load_lm(source, device=device, quantize=quantize)
-    path = Path(source)
-    folder = path if path.is_dir() else path.parent
-    if tokenizer is None and (folder / "vocab.json").is_file():
-        from handformer.train.data import CharVocab
-
-        tokenizer = CharVocab.load(folder / "vocab.json")
-    if tokenizer is None:
-        raise ValueError(f"{path} has no tokenizer: add tokenizer.json (tokenizers "
-                         "library) or a character vocab.json")
-    return model, tokenizer
+    return load_lm_with_tokenizer(source, device=device, quantize=quantize)
 
 
 class ModelState:

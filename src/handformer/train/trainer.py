@@ -236,6 +236,60 @@ def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False) -> 
 
 
 def _train(config: TrainConfig, run_dir: Path, resume: bool, info: D.DistInfo) -> TrainResult:
+    """The phases of a run, in order; each is a function below."""
+    run = _setup(config, run_dir, resume, info)  # checks, task, model, optimizer, schedule
+    restored = _restore(run, resume)  # the newest checkpoint, or each rank's seed
+    _write_run_files(run, resume, fresh=not restored)  # train.json, vocab.json, first weights
+    wrapped = D.wrap(run.model, info)  # DDP over the processes (the model itself on one)
+    eval_batches = run.task.eval_batches(256)
+    result = _result_so_far(run, resume)
+    _loop(run, wrapped, eval_batches, result)
+    result.finished = result.step >= config.steps
+    if result.finished and result.step > run.start and info.is_main:
+        _finish(run.model, run.task, config, run_dir, result)
+    return result
+
+
+@dataclass
+class _Run:
+    """What the phases of one invocation of a run share."""
+
+    config: TrainConfig
+    run_dir: Path
+    info: D.DistInfo
+    task: Task
+    model: CausalLM
+    optimizer: torch.optim.Optimizer
+    schedule: Schedule
+    scaler: torch.amp.GradScaler
+    micro: int  # rows per micro-step, over all processes
+    expected: dict  # the model's config.json, as a checkpoint of this run must hold it
+    start: int = 0  # the step this invocation starts from
+    tokens_seen: int = 0
+    elapsed_before: float = 0.0  # training seconds of the earlier invocations
+    t_start: float = 0.0  # perf_counter() when this invocation's loop began
+    t_logged: float = 0.0  # perf_counter() and tokens_seen at the last train record
+    tokens_logged: int = 0
+    bar: object = None  # the tqdm progress bar (rank 0, --progress)
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.run_dir / METRICS_NAME
+
+    def elapsed(self) -> float:
+        """Training seconds so far, over all invocations of the run."""
+        return round(self.elapsed_before + time.perf_counter() - self.t_start, 3)
+
+    def log(self, record: dict) -> None:
+        """Append one record to ``metrics.jsonl`` (rank 0)."""
+        if self.info.is_main:
+            with open(self.metrics_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+
+def _setup(config: TrainConfig, run_dir: Path, resume: bool, info: D.DistInfo) -> _Run:
+    """Check what the processes and the folder allow, then build the task, the model (seeded
+    by ``config.seed``), AdamW (no weight decay on vectors), the schedule and the scaler."""
     if config.precision == "fp16" and info.device.type != "cuda":
         raise ValueError("precision='fp16' needs a CUDA device; use --precision bf16 on CPU")
     micro = config.batch_size // config.grad_accum
@@ -262,141 +316,172 @@ def _train(config: TrainConfig, run_dir: Path, resume: bool, info: D.DistInfo) -
     schedule = Schedule(config.schedule, config.lr, config.warmup, config.steps,
                         config.min_lr_ratio)
     scaler = torch.amp.GradScaler(info.device.type, enabled=config.precision == "fp16")
+    return _Run(config, run_dir, info, task, model, optimizer, schedule, scaler, micro,
+                expected)
 
-    start, tokens_seen, elapsed_before = 0, 0, 0.0
-    metrics_path = run_dir / METRICS_NAME
-    latest = ckpt.latest_checkpoint(run_dir) if resume else None
+
+def _restore(run: _Run, resume: bool) -> bool:
+    """Continue from the newest complete checkpoint: weights, AdamW, scaler, step, tokens,
+    time and RNG state (rank 0's; the others reseed from the step). Without one, the other
+    ranks take seeds of their own (distinct dropout masks). Returns whether one was read."""
+    config, info = run.config, run.info
+    latest = ckpt.latest_checkpoint(run.run_dir) if resume else None
     if info.is_main and resume:
-        ckpt.remove_stale_temporaries(run_dir)
-    if latest is not None:
-        state, rng = ckpt.load_checkpoint(latest, model, optimizer, expected)
-        start, tokens_seen = int(state["step"]), int(state.get("tokens", 0))
-        elapsed_before = float(state.get("elapsed_s", 0.0))
-        if state.get("scaler"):
-            scaler.load_state_dict(state["scaler"])
-        if info.rank == 0 and "torch" in rng:
-            torch.set_rng_state(rng["torch"])
-            if info.device.type == "cuda" and "cuda" in rng:
-                torch.cuda.set_rng_state(rng["cuda"], info.device)
-        else:
-            torch.manual_seed(config.seed + 7919 * info.rank + start)
-    elif info.rank:
-        torch.manual_seed(config.seed + 7919 * info.rank)  # distinct dropout masks per rank
-    if info.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        ckpt.remove_stale_temporaries(run.run_dir)
+    if latest is None:
+        if info.rank:
+            torch.manual_seed(config.seed + 7919 * info.rank)  # distinct dropout masks per rank
+        return False
+    state, rng = ckpt.load_checkpoint(latest, run.model, run.optimizer, run.expected)
+    run.start, run.tokens_seen = int(state["step"]), int(state.get("tokens", 0))
+    run.elapsed_before = float(state.get("elapsed_s", 0.0))
+    if state.get("scaler"):
+        run.scaler.load_state_dict(state["scaler"])
+    if info.rank == 0 and "torch" in rng:
+        torch.set_rng_state(rng["torch"])
+        if info.device.type == "cuda" and "cuda" in rng:
+            torch.cuda.set_rng_state(rng["cuda"], info.device)
+    else:
+        torch.manual_seed(config.seed + 7919 * info.rank + run.start)
+    return True
+
+
+def _write_run_files(run: _Run, resume: bool, *, fresh: bool) -> None:
+    """Rank 0 writes ``train.json`` and ``vocab.json``, drops the metrics written after the
+    checkpoint a resumed run starts from, and (``fresh``) the untrained weights."""
+    if run.info.is_main:
+        run.run_dir.mkdir(parents=True, exist_ok=True)
         # stop_after is about one invocation, not the run
-        _write_json(run_dir / TRAIN_NAME, {**config.to_dict(), "stop_after": None})
-        task.vocab.save(run_dir / VOCAB_NAME)
+        _write_json(run.run_dir / TRAIN_NAME, {**run.config.to_dict(), "stop_after": None})
+        run.task.vocab.save(run.run_dir / VOCAB_NAME)
         if resume:
-            _truncate_metrics(metrics_path, start)
-        if latest is None:
-            model.save_pretrained(run_dir)
-    D.barrier(info)
-    wrapped = D.wrap(model, info)
-    eval_batches = task.eval_batches(256)
+            _truncate_metrics(run.metrics_path, run.start)
+        if fresh:
+            run.model.save_pretrained(run.run_dir)
+    D.barrier(run.info)
 
-    def save(step: int) -> None:
-        if info.is_main:
-            rng = {"torch": torch.get_rng_state()}
-            if info.device.type == "cuda":
-                rng["cuda"] = torch.cuda.get_rng_state(info.device)
-            state = {"tokens": tokens_seen, "elapsed_s": elapsed(), "schedule": schedule.to_dict(),
-                     "data": {"kind": "step-seeded", "seed": config.seed, "next_step": step},
-                     "world_size": info.world_size, "scaler": scaler.state_dict()}
-            path = ckpt.save_checkpoint(run_dir, step, model, optimizer, state, rng)
-            for name in ("model.safetensors", "config.json"):  # the latest weights, on top
-                ckpt.atomic_write_bytes(run_dir / name, (path / name).read_bytes())
-            ckpt.prune_checkpoints(run_dir, config.keep)
-        D.barrier(info)
 
-    def elapsed() -> float:
-        """Training seconds so far, over all invocations of the run."""
-        return round(elapsed_before + time.perf_counter() - t_start, 3)
-
-    def log(record: dict) -> None:
-        if info.is_main:
-            with open(metrics_path, "a") as f:
-                f.write(json.dumps(record) + "\n")
-
-    result = TrainResult(run_dir, start, start >= config.steps, False)
-    if resume:  # the last evaluation so far (all a finished run has to report)
+def _result_so_far(run: _Run, resume: bool) -> TrainResult:
+    """The result before this invocation's first step (a resumed run: its last evaluation,
+    all that a finished run has to report)."""
+    result = TrainResult(run.run_dir, run.start, run.start >= run.config.steps, False)
+    if resume:
         from handformer.train.plots import read_metrics
 
-        evals = [r for r in read_metrics(metrics_path) if r.get("split") == "eval"]
+        evals = [r for r in read_metrics(run.metrics_path) if r.get("split") == "eval"]
         result.final_eval = evals[-1] if evals else None
-    bar = None
+    return result
+
+
+def _loop(run: _Run, wrapped: nn.Module, eval_batches: object, result: TrainResult) -> None:
+    """The steps from ``run.start`` to ``config.steps``: step, log, evaluate, checkpoint;
+    a stop request (Ctrl-C, SIGTERM on any rank) or ``stop_after`` saves and stops."""
+    config, info = run.config, run.info
     if info.is_main and config.progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=config.steps, initial=start, unit="step", dynamic_ncols=True,
-                   mininterval=0.5,
-                   file=sys.stderr, desc=f"{config.task}")
-    tokens_per_step = config.batch_size * task.seq_len
-    model.train()
-    t_log, tok_log, step = time.perf_counter(), tokens_seen, start
-    t_start = t_log
+        run.bar = tqdm(total=config.steps, initial=run.start, unit="step", dynamic_ncols=True,
+                       mininterval=0.5, file=sys.stderr, desc=f"{config.task}")
+    tokens_per_step = config.batch_size * run.task.seq_len
+    run.model.train()
+    run.t_logged, run.tokens_logged = time.perf_counter(), run.tokens_seen
+    run.t_start = run.t_logged
     with _StopRequest() as stop:
-        for step in range(start, config.steps):
-            lr = schedule(step)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            loss_sum = torch.zeros((), device=info.device)
-            for m in range(config.grad_accum):
-                b = task.batch(config.seed, step, m, micro)
-                ids = shard_rows(b.input_ids, info.rank, info.world_size).to(info.device)
-                tgt = shard_rows(b.targets, info.rank, info.world_size).to(info.device)
-                sync = (m == config.grad_accum - 1 or not info.enabled)
-                with contextlib.nullcontext() if sync else wrapped.no_sync():
-                    with _autocast(config, info.device):
-                        logits = wrapped(ids).logits  # (B, L, V)
-                    loss = _loss(logits, tgt, config.label_smoothing)
-                    scaler.scale(loss / config.grad_accum).backward()
-                loss_sum += loss.detach()
-            if config.clip_grad > 0:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_grad)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
+        for step in range(run.start, config.steps):
+            lr = run.schedule(step)
+            loss_sum = _step(run, wrapped, step, lr)
             done = step + 1
-            tokens_seen += tokens_per_step
+            run.tokens_seen += tokens_per_step
             result.step = done
             if done % config.log_every == 0 or done == config.steps:
-                (loss_all,) = D.all_reduce_sum([float(loss_sum) / config.grad_accum], info)
-                loss_value = loss_all / info.world_size
-                now = time.perf_counter()
-                speed = (tokens_seen - tok_log) / max(now - t_log, 1e-9)
-                t_log, tok_log = now, tokens_seen
-                log({"split": "train", "step": done, "loss": loss_value, "lr": lr,
-                     "tokens_per_s": round(speed, 1), "tokens": tokens_seen,
-                     "elapsed_s": elapsed()})
-                result.losses.append((done, loss_value))
-                if bar is not None:
-                    bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}",
-                                    tok_s=f"{speed:,.0f}", refresh=False)
+                _log_train(run, result, done, loss_sum, lr)
             if done % config.eval_every == 0 or done == config.steps:
-                ev = evaluate(model, task, config, info, batches=eval_batches)
-                result.final_eval = {"split": "eval", "step": done, **ev,
-                                     "elapsed_s": elapsed()}
-                log(result.final_eval)
-                if bar is not None:
-                    bar.write(f"step {done}: eval " + ", ".join(
-                        f"{k} {v:.4f}" for k, v in ev.items()), file=sys.stderr)
-            if bar is not None:
-                bar.update(1)
+                _log_eval(run, result, done, eval_batches)
+            if run.bar is not None:
+                run.bar.update(1)
             interrupted = D.any_flag(stop.requested, info)
-            halt = config.stop_after is not None and done - start >= config.stop_after
+            halt = config.stop_after is not None and done - run.start >= config.stop_after
             if done % config.ckpt_every == 0 or done == config.steps or interrupted or halt:
-                save(done)
+                _save(run, done)
             if interrupted or halt:
                 result.interrupted = interrupted
                 break
-    if bar is not None:
-        bar.close()
-    result.finished = result.step >= config.steps
-    if result.finished and result.step > start and info.is_main:
-        _finish(model, task, config, run_dir, result)
-    return result
+    if run.bar is not None:
+        run.bar.close()
+
+
+def _step(run: _Run, wrapped: nn.Module, step: int, lr: float) -> Tensor:
+    """One optimiser step at learning rate ``lr``: ``grad_accum`` micro-batches (this rank's
+    rows of each; DDP syncs the gradients on the last), clipping, AdamW. Returns the sum of
+    the micro-batches' mean losses (a 0-dim tensor, not synchronised)."""
+    config, info, scaler = run.config, run.info, run.scaler
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    loss_sum = torch.zeros((), device=info.device)
+    for m in range(config.grad_accum):
+        b = run.task.batch(config.seed, step, m, run.micro)
+        ids = shard_rows(b.input_ids, info.rank, info.world_size).to(info.device)
+        tgt = shard_rows(b.targets, info.rank, info.world_size).to(info.device)
+        sync = (m == config.grad_accum - 1 or not info.enabled)
+        with contextlib.nullcontext() if sync else wrapped.no_sync():
+            with _autocast(config, info.device):
+                logits = wrapped(ids).logits  # (B, L, V)
+            loss = _loss(logits, tgt, config.label_smoothing)
+            scaler.scale(loss / config.grad_accum).backward()
+        loss_sum += loss.detach()
+    if config.clip_grad > 0:
+        scaler.unscale_(run.optimizer)
+        torch.nn.utils.clip_grad_norm_(run.model.parameters(), config.clip_grad)
+    scaler.step(run.optimizer)
+    scaler.update()
+    run.optimizer.zero_grad(set_to_none=True)
+    return loss_sum
+
+
+def _log_train(run: _Run, result: TrainResult, done: int, loss_sum: Tensor, lr: float) -> None:
+    """A train record: the loss averaged over micro-batches and processes, the speed since
+    the last record."""
+    (loss_all,) = D.all_reduce_sum([float(loss_sum) / run.config.grad_accum], run.info)
+    loss_value = loss_all / run.info.world_size
+    now = time.perf_counter()
+    speed = (run.tokens_seen - run.tokens_logged) / max(now - run.t_logged, 1e-9)
+    run.t_logged, run.tokens_logged = now, run.tokens_seen
+    run.log({"split": "train", "step": done, "loss": loss_value, "lr": lr,
+             "tokens_per_s": round(speed, 1), "tokens": run.tokens_seen,
+             "elapsed_s": run.elapsed()})
+    result.losses.append((done, loss_value))
+    if run.bar is not None:
+        run.bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}", tok_s=f"{speed:,.0f}",
+                            refresh=False)
+
+
+def _log_eval(run: _Run, result: TrainResult, done: int, eval_batches: object) -> None:
+    """An eval record on the held-out batches (every process evaluates its share)."""
+    ev = evaluate(run.model, run.task, run.config, run.info, batches=eval_batches)
+    result.final_eval = {"split": "eval", "step": done, **ev, "elapsed_s": run.elapsed()}
+    run.log(result.final_eval)
+    if run.bar is not None:
+        run.bar.write(f"step {done}: eval " + ", ".join(
+            f"{k} {v:.4f}" for k, v in ev.items()), file=sys.stderr)
+
+
+def _save(run: _Run, step: int) -> None:
+    """Rank 0 writes a checkpoint (weights, AdamW, RNG, where the data stands), copies its
+    weights to the top of the run folder and prunes the old ones; every rank waits."""
+    info = run.info
+    if info.is_main:
+        rng = {"torch": torch.get_rng_state()}
+        if info.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(info.device)
+        state = {"tokens": run.tokens_seen, "elapsed_s": run.elapsed(),
+                 "schedule": run.schedule.to_dict(),
+                 "data": {"kind": "step-seeded", "seed": run.config.seed, "next_step": step},
+                 "world_size": info.world_size, "scaler": run.scaler.state_dict()}
+        path = ckpt.save_checkpoint(run.run_dir, step, run.model, run.optimizer, state, rng)
+        for name in ("model.safetensors", "config.json"):  # the latest weights, on top
+            ckpt.atomic_write_bytes(run.run_dir / name, (path / name).read_bytes())
+        ckpt.prune_checkpoints(run.run_dir, run.config.keep)
+    D.barrier(info)
 
 
 def _finish(model: CausalLM, task: Task, config: TrainConfig, run_dir: Path,
