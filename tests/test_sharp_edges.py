@@ -113,6 +113,8 @@ def test_every_int_option_refuses_a_huge_value_by_name(command, flag, dest, bert
         "heads": ["a b", "b a", "--model", bert_dir, "--out", tmp_path / "h"],
         "serve": ["--model", bert_dir],
         "train": ["copy", "--out", tmp_path / "run", "--steps", "1", "--no-progress"],
+        "train-sae": ["--model", lm_dir, "--at", "blocks.0.hook_resid_post", "--out",
+                      tmp_path / "run", "--no-progress"],
     }[command]
     kind = {"--window-size": ["--attention", "local"], "--stride": ["--attention", "strided"],
             "--global-tokens": ["--attention", "strided"]}.get(flag, [])

@@ -48,6 +48,8 @@ COMMANDS = [
      "Switch off each attention head in turn and show what it changes."),
     ("serve", "handformer.commands.serve",
      "Serve a web app: type text, see the attention, switch off heads, generate."),
+    ("train-sae", "handformer.commands.train_sae",
+     "Train sparse autoencoders or transcoders on a model's activations (offline corpus).")
 ]
 
 DESCRIPTION = ("Look inside Transformers, run local language models and train small ones. "

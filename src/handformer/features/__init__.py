@@ -23,3 +23,19 @@ from handformer.features.store import detect_format, load_dictionary, save_dicti
 __all__ = ["Dictionary", "SparseAutoencoder", "Transcoder", "load_dictionary",
            "save_dictionary", "detect_format", "DictionaryFileError", "attach", "detach",
            "splices", "Splice"]
+
+# Training, metrics and using features (handformer.features.train / metrics / analysis).
+from handformer.features.analysis import (  # noqa: E402
+    feature_ablation_sweep,
+    feature_cards,
+    feature_logit_effects,
+    feature_patching_sweep,
+    steer,
+)
+from handformer.features.corpus import load_corpus  # noqa: E402
+from handformer.features.metrics import DictionaryMetrics, evaluate_dictionary  # noqa: E402
+from handformer.features.train import train_dictionary, train_on_activations  # noqa: E402
+
+__all__ += ["train_dictionary", "train_on_activations", "evaluate_dictionary",
+            "DictionaryMetrics", "load_corpus", "steer", "feature_logit_effects",
+            "feature_cards", "feature_ablation_sweep", "feature_patching_sweep"]
