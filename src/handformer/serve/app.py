@@ -11,6 +11,7 @@ Routes::
     POST /api/ablate       effect of ablating heads
     POST /api/rollout      attention rollout (viewer data)
     POST /api/attribution  causal models: the next token's logit by component and by head
+    GET/POST /api/features...  the Features view (serve.feature_routes), with --dictionary
     POST /api/generate     causal models: JSON lines, one per new token (one at a time per
                            client address: a second gets 429)
 
@@ -129,8 +130,8 @@ async def _read_body(request: object) -> bytes:
     return b"".join(chunks)
 
 
-def create_app(state: ModelState | ModelRegistry, *, allowed_hosts: set[str] | None = None
-               ) -> object:
+def create_app(state: ModelState | ModelRegistry, *, allowed_hosts: set[str] | None = None,
+               features: object = None) -> object:
     """The Starlette app serving ``state``'s model (or a registry's models).
 
     Args:
@@ -138,6 +139,8 @@ def create_app(state: ModelState | ModelRegistry, *, allowed_hosts: set[str] | N
             (several models, loaded when first asked for).
         allowed_hosts: accepted Host headers (e.g. ``{"127.0.0.1:8000", "localhost:8000"}``);
             None accepts any.
+        features: the dictionaries of the Features view
+            (:class:`~handformer.serve.features.FeatureSet`; ``/api/features/...``), or None.
 
     Returns:
         An ASGI application.
@@ -319,6 +322,12 @@ def create_app(state: ModelState | ModelRegistry, *, allowed_hosts: set[str] | N
         Route("/api/attribution", endpoint("/api/attribution", attribution, weights=False),
               methods=["POST"]),
     ]
+    from handformer.serve.feature_routes import feature_routes
+
+    async def read_json(request: object) -> dict[str, object]:
+        return parse_json(await _read_body(request))
+
+    routes += feature_routes(features, registry, in_thread, read_json)
     app = Starlette(routes=routes, exception_handlers={
         RequestError: on_request_error, BodyTooLarge: on_too_large, ModelLoadError: on_load_error,
         NotImplementedError: on_not_implemented, HTTPException: on_http, Exception: on_crash})
