@@ -66,6 +66,12 @@ def parse_steer(value: str) -> tuple[int, float]:
 def check_steering_flags(args: argparse.Namespace) -> list[tuple[int, float]]:
     """The ``--steer`` values, checked before the model loads.
 
+    Args:
+        args: the parsed options (``dictionary``, ``steer``, ``at``).
+
+    Returns:
+        ``[(feature, coefficient), ...]``, empty without ``--steer``.
+
     Raises:
         UsageError: for ``--steer`` without ``--dictionary`` (or the reverse, or ``--at``
             alone), or a bad ``--steer``.

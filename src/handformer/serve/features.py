@@ -119,6 +119,9 @@ class FeatureSet:
         """Run ``model`` on two tokens and check every dictionary's hook exists and has its
         width.
 
+        Args:
+            model: the served model.
+
         Raises:
             ValueError: naming the dictionary, the hook and both widths.
         """
@@ -138,14 +141,27 @@ class FeatureSet:
                                  f"{x.shape[-1]}: a dictionary of another model")
 
     def remember(self, name: str, record: Record) -> None:
-        """Keep ``record`` among the texts seen (the oldest goes past :data:`MAX_SEEN`)."""
+        """Keep ``record`` among the texts seen (the oldest goes past :data:`MAX_SEEN`).
+
+        Args:
+            name: the dictionary.
+            record: the text's ids and sparse activations.
+        """
         with self._lock:
             seen = self._seen[name]
             if all(r.ids != record.ids for r in seen):
                 seen.append(record)
 
     def records(self, name: str, state: object) -> list[Record]:
-        """The built-in samples' records (computed once per dictionary) and the texts seen."""
+        """The built-in samples' records (computed once per dictionary) and the texts seen.
+
+        Args:
+            name: the dictionary.
+            state: the served model (:class:`~handformer.serve.state.ModelState`).
+
+        Returns:
+            The samples' records, then the texts seen, oldest first.
+        """
         with self._lock:
             samples = self._samples.get(name)
         if samples is None:
@@ -201,8 +217,18 @@ def load_feature_set(paths: Sequence[str], state: object) -> FeatureSet:
 
 def read_hook(model: torch.nn.Module, hook: str, ids: Tensor, *,
               edit: object = None) -> tuple[Tensor, Tensor]:
-    """Run ``model`` on ``ids`` ``(1, L)``; the activation at ``hook`` ``(L, E)`` (before
-    ``edit``, a hook function that may replace it) and the logits ``(L, V)``."""
+    """Run ``model`` on ``ids``; the activation at ``hook`` and the logits.
+
+    Args:
+        model: a handformer causal LM.
+        hook: the hook point to read.
+        ids: ``(1, L)`` token ids.
+        edit: a hook function ``edit(tensor, name)`` that replaces the activation there (the
+            value returned is the one read before it), or None.
+
+    Returns:
+        ``(activation (L, E), logits (L, V))``.
+    """
     from handformer.inspect import hooks
 
     kept: list[Tensor] = []
@@ -242,6 +268,13 @@ def active_features(state: object, features: FeatureSet, name: str, ids: list[in
                     top: int) -> dict[str, object]:
     """The ``top`` most active features at each token of ``ids`` (remembered for the cards).
 
+    Args:
+        state: the served model.
+        features: the dictionaries.
+        name: which dictionary.
+        ids: the token ids.
+        top: features listed per token.
+
     Returns:
         ``{"active": [[{"feature", "value"}, ...] per token], "l0": [per token],
         "next_token": [...]}``: only active (positive) features are listed.
@@ -269,6 +302,14 @@ def feature_card(state: object, features: FeatureSet, name: str, feature: int, *
     """Feature ``feature``'s card: its top-activating contexts (position 0, the sink, left
     out), its density over those tokens, and the tokens its decoder row promotes and
     suppresses through the final norm's weight and the unembedding.
+
+    Args:
+        state: the served model.
+        features: the dictionaries.
+        name: which dictionary.
+        feature: the feature index.
+        contexts: contexts shown, largest first.
+        tokens: tokens listed each way (promoted, suppressed).
 
     Returns:
         ``{"contexts": [{"before", "token", "after", "activation", "source"}], "density",
@@ -314,7 +355,12 @@ def feature_card(state: object, features: FeatureSet, name: str, feature: int, *
 
 def ablation_hook(d: Dictionary, feature: int) -> object:
     """A hook function that removes feature ``feature``'s contribution
-    ``acts[f] · W_dec[f] / s`` from the activation it is given."""
+    ``acts[f] · W_dec[f] / s`` from the activation it is given.
+
+    Args:
+        d: the sparse autoencoder.
+        feature: the feature index.
+    """
     def ablate(x: Tensor, name: str) -> Tensor:
         s = d.scale(x.to(d.dtype))
         acts = d.encode(x)  # (..., F)
@@ -326,7 +372,13 @@ def ablation_hook(d: Dictionary, feature: int) -> object:
 
 
 def steering_hook(d: Dictionary, feature: int, coefficient: float) -> object:
-    """A hook function that adds ``coefficient · W_dec[feature]`` at every position."""
+    """A hook function that adds ``coefficient · W_dec[feature]`` at every position.
+
+    Args:
+        d: the dictionary.
+        feature: the feature index.
+        coefficient: how much of its decoder row.
+    """
     direction = (float(coefficient) * d.W_dec[feature]).detach()  # (E,)
 
     def steer(x: Tensor, name: str) -> Tensor:
@@ -349,6 +401,16 @@ def intervene(state: object, features: FeatureSet, name: str, ids: list[int], fe
     """The next token (and ``new_tokens`` greedy tokens) with and without the change:
     feature ``feature`` ablated (``mode="ablate"``) or ``coefficient · W_dec[f]`` added
     (``mode="steer"``) at the dictionary's hook, every position.
+
+    Args:
+        state: the served model.
+        features: the dictionaries.
+        name: which dictionary.
+        ids: the token ids.
+        feature: the feature index.
+        mode: ``"ablate"`` or ``"steer"``.
+        coefficient: steering's coefficient (unused when ablating).
+        new_tokens: greedy tokens generated each way (fewer where the context ends).
 
     Returns:
         ``{"clean", "changed"}`` (top next tokens), ``"kl_divergence"`` (clean ‖ changed),
