@@ -317,6 +317,7 @@ def feature_card(state: object, features: FeatureSet, name: str, feature: int, *
         ``suppressed`` None where the dictionary's width is not the residual stream's).
     """
     from handformer.features.analysis import feature_logit_effects
+    from handformer.pretrained.token_labels import token_labels
 
     d = features.dictionaries[name]
     found: list[tuple[float, Record, int]] = []
@@ -335,8 +336,10 @@ def feature_card(state: object, features: FeatureSet, name: str, feature: int, *
     shown = []
     for value, record, pos in found[:contexts]:
         lo = max(pos - AROUND, 1)
-        shown.append({"before": tok.decode(record.ids[lo:pos]),
-                      "token": tok.decode(record.ids[pos:pos + 1]),
+        # The marked token as the page labels tokens: a byte of a character says so
+        # ("读·2/3", "<0x83>"), where decoding it alone would give U+FFFD.
+        label = token_labels(tok, record.ids[lo:pos + 1 + AROUND])[pos - lo]
+        shown.append({"before": tok.decode(record.ids[lo:pos]), "token": label,
                       "after": tok.decode(record.ids[pos + 1:pos + 1 + AROUND]),
                       "activation": round(value, 4), "source": record.source})
     card: dict[str, object] = {
