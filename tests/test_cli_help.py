@@ -85,8 +85,9 @@ def test_help_and_version_do_not_import_torch(argv: list[str]) -> None:
     assert "torch" not in modules
     assert not {m for m in modules if m.startswith("handformer.commands.")} - {
         "handformer.commands.common", f"handformer.commands.{argv[0]}",
-        # generate --help lists chat's shared options
-        *(["handformer.commands.chat"] if argv[0] == "generate" else [])}
+        # generate --help lists chat's shared options and the steering options
+        *(["handformer.commands.chat", "handformer.commands.steering"]
+          if argv[0] == "generate" else [])}
 
 
 def test_a_command_imports_only_its_own_module() -> None:

@@ -68,6 +68,19 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's formatter, counting a sub-command's indent when it lines up the summaries
+    (argparse leaves it out, so a name of 9 letters, ``train-sae``, wrapped onto its own line)."""
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        names = [len(self._format_action_invocation(s)) for s in getattr(action, "_get_subactions",
+                                                                         list)()]
+        if action.help is not argparse.SUPPRESS and names:
+            self._action_max_length = max(self._action_max_length,
+                                          max(names) + self._current_indent + 2)
+
+
 def version() -> str:
     """The installed package's version (the source tree's where it is not installed)."""
     try:
@@ -88,7 +101,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     Returns:
         The parser.
     """
-    parser = _Parser(prog="handformer", description=DESCRIPTION, epilog=EPILOG)
+    parser = _Parser(prog="handformer", description=DESCRIPTION, epilog=EPILOG,
+                     formatter_class=_Formatter)
     parser.add_argument("--version", action="version", version=f"handformer {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True

@@ -32,6 +32,7 @@ from handformer.commands.common import (
     note,
     resolve_device,
 )
+from handformer.commands.steering import add_steering_options, check_steering_flags, steering
 
 NAME = "generate"
 HELP = ("Continue a prompt with a causal LM (GPT-2, Llama, Mistral, Qwen, Gemma, a GGUF file "
@@ -72,6 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_device_argument(parser)
     parser.add_argument("--quantize", choices=["int8"], default=None,
                         help="int8 weights for the linear layers (CPU; see docs/llms.md)")
+    add_steering_options(parser)
 
 
 def load_model_and_tokenizer(source: str | Path, *, command: str = "generate",
@@ -189,6 +191,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     _check_flags(args)
+    if check_steering_flags(args) and args.chat is not None:
+        raise UsageError("--steer goes with --prompt, not --chat")
     dtype = apply_decoding_options(args)
     if args.chat is not None:
         return _chat_once(args, dtype)
@@ -205,15 +209,16 @@ def run(args: argparse.Namespace) -> int:
     do_sample = any(v is not None for v in (args.temperature, args.top_k, args.top_p))
     eos = tokenizer.eos_token_id
     stream = _TextStream(tokenizer, args.prompt, eos, sys.stdout, args.stop)
-    model.generate(
-        torch.tensor([ids], device=device), max_new_tokens=n, do_sample=do_sample,
-        temperature=1.0 if args.temperature is None else args.temperature, top_k=args.top_k,
-        top_p=args.top_p, eos_token_id=eos,
-        generator=torch.Generator(device=device).manual_seed(args.seed),
-        use_cache=not args.no_cache, streamer=stream,
-        repetition_penalty=args.repetition_penalty or 1.0, stop=args.stop,
-        tokenizer=tokenizer if args.stop else None,
-    )
+    with steering(args, model):  # --steer FEATURE:COEF (nothing without it)
+        model.generate(
+            torch.tensor([ids], device=device), max_new_tokens=n, do_sample=do_sample,
+            temperature=1.0 if args.temperature is None else args.temperature, top_k=args.top_k,
+            top_p=args.top_p, eos_token_id=eos,
+            generator=torch.Generator(device=device).manual_seed(args.seed),
+            use_cache=not args.no_cache, streamer=stream,
+            repetition_penalty=args.repetition_penalty or 1.0, stop=args.stop,
+            tokenizer=tokenizer if args.stop else None,
+        )
     stream.finish()
     if cut and n == 0:
         note(f"the prompt ({len(ids)} tokens) fills the model's context of {max_len} tokens; "

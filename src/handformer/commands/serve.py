@@ -45,6 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="address to listen on (default 127.0.0.1, this machine only)")
     parser.add_argument("--port", type=int, default=8000,
                         help="port to listen on (default 8000; 0 = any free port)")
+    parser.add_argument("--dictionary", "--sae", metavar="PATH", action="append", default=None,
+                        help="a sparse autoencoder of the first model (a folder or file "
+                             "load_dictionary reads: SAELens, Gemma Scope, sparsify, "
+                             "handformer train-sae); adds the page's Features view; give it "
+                             "several times for several")
     add_device_argument(parser)
     parser.add_argument("--quantize", choices=["int8"], default=None,
                         help="int8 weights for the causal LMs' linear layers (CPU)")
@@ -110,10 +115,18 @@ def run(args: argparse.Namespace) -> int:
                 raise
             raise UsageError(f"--model: {exc}") from None
         state = registry.first
+        features = None
+        if args.dictionary:
+            from handformer.serve.features import load_feature_set
+
+            try:
+                features = load_feature_set(args.dictionary, state)
+            except ValueError as exc:
+                raise UsageError(f"--dictionary {exc}") from None
         hosts = None
         if loopback:
             hosts = {f"{h}:{port}" for h in ("127.0.0.1", "localhost", "[::1]")}
-        app = create_app(registry, allowed_hosts=hosts)
+        app = create_app(registry, allowed_hosts=hosts, features=features)
         config = uvicorn.Config(app, log_level="warning", lifespan="off",
                                 timeout_graceful_shutdown=GRACE_S, access_log=False)
         server = _server_class(uvicorn)(config)

@@ -102,8 +102,8 @@ class SecurityMiddleware:
         await self.app(scope, receive, send_with_headers)
 
 
-def create_app(state: ModelState | ModelRegistry, *, allowed_hosts: set[str] | None = None
-               ) -> object:
+def create_app(state: ModelState | ModelRegistry, *, allowed_hosts: set[str] | None = None,
+               features: object = None) -> object:
     """The Starlette app serving ``state``'s model (or a registry's models).
 
     The routes' handlers are functions of :mod:`handformer.serve.routes`; what they share is
@@ -114,6 +114,8 @@ def create_app(state: ModelState | ModelRegistry, *, allowed_hosts: set[str] | N
             (several models, loaded when first asked for).
         allowed_hosts: accepted Host headers (e.g. ``{"127.0.0.1:8000", "localhost:8000"}``);
             None accepts any.
+        features: the dictionaries of the Features view
+            (:class:`~handformer.serve.features.FeatureSet`), or None.
 
     Returns:
         An ASGI application.
@@ -125,14 +127,17 @@ def create_app(state: ModelState | ModelRegistry, *, allowed_hosts: set[str] | N
     import anyio
     from starlette.applications import Starlette
 
-    from handformer.serve.routes import Served, exception_handlers, routes
+    from handformer.serve.feature_routes import feature_routes
+    from handformer.serve.routes import Served, exception_handlers, read_json, routes
 
     # Long texts are cut with a notice in the response; the tokenizer's warning is not needed.
     warnings.filterwarnings("ignore", message=r".*were truncated to", category=UserWarning)
     registry = state if isinstance(state, ModelRegistry) else ModelRegistry.single(state)
     page, csp = build_page(registry.first, example_text(registry.first))
-    app = Starlette(routes=routes(), exception_handlers=exception_handlers())
-    app.state.served = Served(registry, page, static_files(),
-                              slots=anyio.CapacityLimiter(COMPUTE_SLOTS),
-                              template_slots=anyio.CapacityLimiter(TEMPLATE_SLOTS))
+    served = Served(registry, page, static_files(), slots=anyio.CapacityLimiter(COMPUTE_SLOTS),
+                    template_slots=anyio.CapacityLimiter(TEMPLATE_SLOTS))
+    app = Starlette(routes=routes() + feature_routes(features, registry, served.in_thread,
+                                                     read_json),
+                    exception_handlers=exception_handlers())
+    app.state.served = served
     return SecurityMiddleware(app, csp=csp, allowed_hosts=allowed_hosts)

@@ -25,8 +25,10 @@ EXAMPLE = "The animal didn't cross the street because it was too tired"
 # The files served under /static/: name -> content type. Nothing else is ever read.
 STATIC_FILES = {"serve.js": "text/javascript; charset=utf-8"}
 # /static/serve.js, in this order: the state, requests and runs; the attribution and head grid;
-# generation and chat; the model picker and the start-up (see static/serve.js).
-SERVE_SCRIPTS = ("serve.js", "serve_heads.js", "serve_generate.js", "serve_models.js")
+# generation and chat; the Features view; the model picker and the start-up (see
+# static/serve.js).
+SERVE_SCRIPTS = ("serve.js", "serve_heads.js", "serve_generate.js", "serve_features.js",
+                 "serve_models.js")
 
 _INLINE = re.compile(r"<(script|style)>(.*?)</\1>", re.DOTALL)
 

@@ -37,7 +37,7 @@ from handformer.serve.validation import (
 )
 from handformer.serve.wire import BINARY_TYPE, binary_body, json_body
 
-__all__ = ["Served", "routes", "exception_handlers"]
+__all__ = ["Served", "routes", "exception_handlers", "read_json"]
 
 
 @dataclass
@@ -97,6 +97,18 @@ async def _read_body(request: Request) -> bytes:
             raise BodyTooLarge()
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def read_json(request: Request) -> dict[str, object]:
+    """The checked JSON body of ``request`` (size-bounded, nesting-bounded, an object).
+
+    Args:
+        request: the request.
+
+    Returns:
+        The parsed body.
+    """
+    return parse_json(await _read_body(request))
 
 
 def _model_param(request: Request) -> str:

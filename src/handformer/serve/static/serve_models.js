@@ -108,6 +108,7 @@ async function start() {
   });
   document.body.dataset.svReady = "1";
   fillModels();
+  await loadFeatures();
   await run();
   loadScores();
 }

@@ -1,0 +1,180 @@
+"""The Features view's JSON API (:mod:`handformer.serve.features` computes):
+
+    GET  /api/features            the dictionaries served (an empty list without --dictionary)
+    POST /api/features/active     the most active features at each token of a text
+    POST /api/features/card       one feature's contexts, density and logit effects
+    POST /api/features/intervene  the next token and a greedy continuation with one feature
+                                  ablated or steered, beside the clean ones
+
+Bodies are checked like the other endpoints' (a 422 naming the field): ``model`` (only the
+model the dictionaries belong to), ``dictionary`` (a name from ``/api/features``; default the
+first), ``text`` or ``ids`` (as ``/api/run``), ``feature`` (``0..d_sae-1``), ``top``
+(``1..``:data:`MAX_TOP`), ``mode`` (``"ablate"`` or ``"steer"``), ``coefficient`` (a finite
+number, ``|c| ≤`` :data:`MAX_COEFFICIENT`) and ``new_tokens`` (``0..``:data:`MAX_NEW_TOKENS`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from handformer.serve.features import FeatureSet, active_features, feature_card, intervene
+from handformer.serve.validation import RequestError, parse_run
+
+__all__ = ["feature_routes", "MAX_TOP", "MAX_COEFFICIENT", "MAX_NEW_TOKENS", "parse_feature_body"]
+
+MAX_TOP = 32
+MAX_COEFFICIENT = 1000.0
+MAX_NEW_TOKENS = 32
+MODES = ("ablate", "steer")
+_FIELDS = {
+    "active": {"model", "dictionary", "text", "ids", "top"},
+    "card": {"model", "dictionary", "feature"},
+    "intervene": {"model", "dictionary", "text", "ids", "feature", "mode", "coefficient",
+                  "new_tokens"},
+}
+
+
+def _int(body: dict[str, object], name: str, default: int | None, lo: int, hi: int) -> int:
+    value = body.get(name, default)
+    if value is None:
+        raise RequestError(name, "is missing")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(name, f"must be an integer, got {json.dumps(value)[:40]}")
+    if not lo <= value <= hi:
+        raise RequestError(name, f"must be in {lo}..{hi}, got {value}")
+    return value
+
+
+def parse_feature_body(kind: str, body: dict[str, object], features: FeatureSet,
+                       registry: object) -> dict[str, object]:
+    """Check a Features request body of ``kind`` (``"active"``, ``"card"``, ``"intervene"``).
+
+    Args:
+        kind: which endpoint.
+        body: the JSON object.
+        features: the dictionaries served.
+        registry: the server's models (:class:`~handformer.serve.registry.ModelRegistry`).
+
+    Returns:
+        The checked values: ``state`` (the model), ``dictionary`` (its name), and the
+        endpoint's fields (``ids`` a list of token ids, ``notices`` where the text was cut).
+
+    Raises:
+        RequestError: naming the first bad field.
+    """
+    extra = sorted(set(body) - _FIELDS[kind])
+    if extra:
+        raise RequestError(extra[0], f"unknown field; valid fields are "
+                                     f"{', '.join(sorted(_FIELDS[kind]))}")
+    name = registry.check_name(body.get("model"))
+    if name != features.model_name:
+        raise RequestError("model", f"the dictionaries are for {features.model_name!r}, not "
+                                    f"{name!r}")
+    dictionary = body.get("dictionary", features.names()[0])
+    if not isinstance(dictionary, str) or dictionary not in features.dictionaries:
+        raise RequestError("dictionary", f"{json.dumps(dictionary)[:60]} is not served here; "
+                                         f"dictionaries: {', '.join(features.names())}")
+    out: dict[str, object] = {"dictionary": dictionary}
+    d = features.dictionaries[dictionary]
+    if "feature" in _FIELDS[kind]:
+        out["feature"] = _int(body, "feature", None, 0, d.d_sae - 1)
+    if kind == "active":
+        out["top"] = _int(body, "top", 8, 1, MAX_TOP)
+    if kind == "intervene":
+        mode = body.get("mode", "ablate")
+        if mode not in MODES:
+            raise RequestError("mode", f"must be one of {', '.join(MODES)}, got "
+                                       f"{json.dumps(mode)[:40]}")
+        c = body.get("coefficient", 0.0 if mode == "ablate" else None)
+        if mode == "steer" and c is None:
+            raise RequestError("coefficient", "is missing; steering adds coefficient · "
+                                              "W_dec[feature]")
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not math.isfinite(c) \
+                or abs(c) > MAX_COEFFICIENT:
+            raise RequestError("coefficient", f"must be a finite number in "
+                                              f"-{MAX_COEFFICIENT:g}..{MAX_COEFFICIENT:g}, got "
+                                              f"{json.dumps(c)[:40]}")
+        if mode == "ablate" and c != 0:
+            raise RequestError("coefficient", "applies to mode \"steer\"; ablation zeroes the "
+                                              "feature")
+        out |= {"mode": mode, "coefficient": float(c),
+                "new_tokens": _int(body, "new_tokens", 8, 0, MAX_NEW_TOKENS)}
+    # The model is loaded by now (it is the first one, loaded at start).
+    state = registry.get(name)
+    out["state"] = state
+    if "text" in _FIELDS[kind]:
+        from handformer.serve.compute import request_input
+
+        req = parse_run({k: body[k] for k in ("text", "ids") if k in body}, state)
+        enc = request_input(state, req)
+        out |= {"ids": enc.batch["input_ids"][0].tolist(), "tokens": enc.tokens,
+                "notices": enc.notices}
+    return out
+
+
+def feature_routes(features: FeatureSet | None, registry: object, in_thread: object,
+                   read_json: object) -> list[object]:
+    """The Starlette routes of the Features view.
+
+    Args:
+        features: the dictionaries (None: ``/api/features`` lists none and the POST
+            endpoints answer 404 with how to start the server with dictionaries).
+        registry: the server's models.
+        in_thread: ``await in_thread(fn)`` runs model work in a worker thread.
+        read_json: ``await read_json(request)`` the checked JSON body.
+
+    Returns:
+        A list of ``starlette.routing.Route``.
+    """
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def listing(request: object) -> object:
+        if request.query_params:
+            raise RequestError(next(iter(request.query_params)), "unknown query parameter; "
+                                                                 "/api/features takes none")
+        if features is None:
+            return JSONResponse({"model": None, "dictionaries": []})
+        return JSONResponse({"model": features.model_name, "dictionaries": features.describe()})
+
+    def post(kind: str, compute: object) -> object:
+        async def handle(request: object) -> object:
+            if request.query_params:
+                raise RequestError(next(iter(request.query_params)),
+                                   f"unknown query parameter; /api/features/{kind} takes none")
+            if features is None:
+                return JSONResponse({"error": "no dictionaries are served; start the server "
+                                              "with handformer serve --model M --dictionary "
+                                              "PATH", "field": None}, status_code=404)
+            body = await read_json(request)
+
+            def answer() -> dict[str, object]:
+                args = parse_feature_body(kind, body, features, registry)
+                state = args["state"]
+                head = {"model": state.name, "dictionary": args["dictionary"],
+                        "hook": features.dictionaries[args["dictionary"]].hook_name}
+                return head | compute(state, args)
+            return JSONResponse(await in_thread(answer))
+        return handle
+
+    def active(state: object, a: dict) -> dict[str, object]:
+        return {"tokens": a["tokens"], "notices": a["notices"]} | active_features(
+            state, features, a["dictionary"], a["ids"], a["top"])
+
+    def card(state: object, a: dict) -> dict[str, object]:
+        return {"feature": a["feature"]} | feature_card(state, features, a["dictionary"],
+                                                        a["feature"])
+
+    def change(state: object, a: dict) -> dict[str, object]:
+        result = intervene(state, features, a["dictionary"], a["ids"], a["feature"],
+                           mode=a["mode"], coefficient=a["coefficient"],
+                           new_tokens=a["new_tokens"])
+        result["notices"] = a["notices"] + result["notices"]
+        return {"feature": a["feature"], "mode": a["mode"],
+                "coefficient": a["coefficient"]} | result
+
+    return [Route("/api/features", listing),
+            Route("/api/features/active", post("active", active), methods=["POST"]),
+            Route("/api/features/card", post("card", card), methods=["POST"]),
+            Route("/api/features/intervene", post("intervene", change), methods=["POST"])]
