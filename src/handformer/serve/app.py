@@ -1,4 +1,5 @@
-"""The ASGI app: its routes (handlers in :mod:`handformer.serve.routes`) and the security headers.
+"""The ASGI app: its routes (handlers in :mod:`handformer.serve.routes` and
+:mod:`handformer.serve.feature_routes`) and the security headers.
 
 Routes::
 
@@ -13,6 +14,11 @@ Routes::
     POST /api/attribution  causal models: the next token's logit by component and by head
     POST /api/generate     causal models: JSON lines, one per new token (one at a time per
                            client address: a second gets 429)
+    GET  /api/features     the dictionaries served (``--dictionary``; handlers in
+                           :mod:`handformer.serve.feature_routes`)
+    POST /api/features/active     the most active features at each token
+    POST /api/features/card       one feature's contexts, density and logit effects
+    POST /api/features/intervene  one feature ablated or steered
 
 Every POST body may name ``"model"``; a model is loaded when first named (a failed load is a
 503 naming the model and the cause; the server keeps serving the others).
@@ -128,7 +134,7 @@ def create_app(state: ModelState | ModelRegistry, *, allowed_hosts: set[str] | N
     from starlette.applications import Starlette
 
     from handformer.serve.feature_routes import feature_routes
-    from handformer.serve.routes import Served, exception_handlers, read_json, routes
+    from handformer.serve.routes import Served, exception_handlers, routes
 
     # Long texts are cut with a notice in the response; the tokenizer's warning is not needed.
     warnings.filterwarnings("ignore", message=r".*were truncated to", category=UserWarning)
@@ -136,8 +142,6 @@ def create_app(state: ModelState | ModelRegistry, *, allowed_hosts: set[str] | N
     page, csp = build_page(registry.first, example_text(registry.first))
     served = Served(registry, page, static_files(), slots=anyio.CapacityLimiter(COMPUTE_SLOTS),
                     template_slots=anyio.CapacityLimiter(TEMPLATE_SLOTS))
-    app = Starlette(routes=routes() + feature_routes(features, registry, served.in_thread,
-                                                     read_json),
-                    exception_handlers=exception_handlers())
-    app.state.served = served
+    app = Starlette(routes=routes() + feature_routes(), exception_handlers=exception_handlers())
+    app.state.served, app.state.features = served, features
     return SecurityMiddleware(app, csp=csp, allowed_hosts=allowed_hosts)

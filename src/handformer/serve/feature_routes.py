@@ -113,68 +113,95 @@ def parse_feature_body(kind: str, body: dict[str, object], features: FeatureSet,
     return out
 
 
-def feature_routes(features: FeatureSet | None, registry: object, in_thread: object,
-                   read_json: object) -> list[object]:
-    """The Starlette routes of the Features view.
+def _features(request: object) -> FeatureSet | None:
+    return request.app.state.features
 
-    Args:
-        features: the dictionaries (None: ``/api/features`` lists none and the POST
-            endpoints answer 404 with how to start the server with dictionaries).
-        registry: the server's models.
-        in_thread: ``await in_thread(fn)`` runs model work in a worker thread.
-        read_json: ``await read_json(request)`` the checked JSON body.
+
+def _refuse_query(request: object, path: str) -> None:
+    if request.query_params:
+        raise RequestError(next(iter(request.query_params)),
+                           f"unknown query parameter; {path} takes none")
+
+
+async def api_features(request: object) -> object:
+    """``GET /api/features``: the dictionaries served (none without ``--dictionary``)."""
+    from starlette.responses import JSONResponse
+
+    _refuse_query(request, "/api/features")
+    features = _features(request)
+    if features is None:
+        return JSONResponse({"model": None, "dictionaries": []})
+    return JSONResponse({"model": features.model_name, "dictionaries": features.describe()})
+
+
+def _active(state: object, features: FeatureSet, a: dict) -> dict[str, object]:
+    return {"tokens": a["tokens"], "notices": a["notices"]} | active_features(
+        state, features, a["dictionary"], a["ids"], a["top"])
+
+
+def _card(state: object, features: FeatureSet, a: dict) -> dict[str, object]:
+    return {"feature": a["feature"]} | feature_card(state, features, a["dictionary"],
+                                                    a["feature"])
+
+
+def _intervene(state: object, features: FeatureSet, a: dict) -> dict[str, object]:
+    result = intervene(state, features, a["dictionary"], a["ids"], a["feature"],
+                       mode=a["mode"], coefficient=a["coefficient"], new_tokens=a["new_tokens"])
+    result["notices"] = a["notices"] + result["notices"]
+    return {"feature": a["feature"], "mode": a["mode"], "coefficient": a["coefficient"]} | result
+
+
+async def _post(request: object, kind: str, compute: object) -> object:
+    """Check the body of ``/api/features/KIND`` and run ``compute`` in a compute slot."""
+    from starlette.responses import JSONResponse
+
+    from handformer.serve.routes import read_json
+
+    _refuse_query(request, f"/api/features/{kind}")
+    features, served = _features(request), request.app.state.served
+    if features is None:
+        return JSONResponse({"error": "no dictionaries are served; start the server with "
+                                      "handformer serve --model M --dictionary PATH",
+                             "field": None}, status_code=404)
+    body = await read_json(request)
+
+    def answer() -> dict[str, object]:
+        args = parse_feature_body(kind, body, features, served.registry)
+        state = args["state"]
+        head = {"model": state.name, "dictionary": args["dictionary"],
+                "hook": features.dictionaries[args["dictionary"]].hook_name}
+        return head | compute(state, features, args)
+    return JSONResponse(await served.in_thread(answer))
+
+
+async def api_features_active(request: object) -> object:
+    """``POST /api/features/active``: the most active features at each token."""
+    return await _post(request, "active", _active)
+
+
+async def api_features_card(request: object) -> object:
+    """``POST /api/features/card``: one feature's contexts, density and logit effects."""
+    return await _post(request, "card", _card)
+
+
+async def api_features_intervene(request: object) -> object:
+    """``POST /api/features/intervene``: one feature ablated or steered, beside the clean
+    run."""
+    return await _post(request, "intervene", _intervene)
+
+
+def feature_routes() -> list[object]:
+    """The Starlette routes of the Features view; their handlers read the dictionaries from
+    ``request.app.state.features`` (None: ``/api/features`` lists none and the POST endpoints
+    answer 404 with how to start the server with dictionaries) and the models and compute
+    slots from ``request.app.state.served``.
 
     Returns:
         A list of ``starlette.routing.Route``.
     """
-    from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    async def listing(request: object) -> object:
-        if request.query_params:
-            raise RequestError(next(iter(request.query_params)), "unknown query parameter; "
-                                                                 "/api/features takes none")
-        if features is None:
-            return JSONResponse({"model": None, "dictionaries": []})
-        return JSONResponse({"model": features.model_name, "dictionaries": features.describe()})
-
-    def post(kind: str, compute: object) -> object:
-        async def handle(request: object) -> object:
-            if request.query_params:
-                raise RequestError(next(iter(request.query_params)),
-                                   f"unknown query parameter; /api/features/{kind} takes none")
-            if features is None:
-                return JSONResponse({"error": "no dictionaries are served; start the server "
-                                              "with handformer serve --model M --dictionary "
-                                              "PATH", "field": None}, status_code=404)
-            body = await read_json(request)
-
-            def answer() -> dict[str, object]:
-                args = parse_feature_body(kind, body, features, registry)
-                state = args["state"]
-                head = {"model": state.name, "dictionary": args["dictionary"],
-                        "hook": features.dictionaries[args["dictionary"]].hook_name}
-                return head | compute(state, args)
-            return JSONResponse(await in_thread(answer))
-        return handle
-
-    def active(state: object, a: dict) -> dict[str, object]:
-        return {"tokens": a["tokens"], "notices": a["notices"]} | active_features(
-            state, features, a["dictionary"], a["ids"], a["top"])
-
-    def card(state: object, a: dict) -> dict[str, object]:
-        return {"feature": a["feature"]} | feature_card(state, features, a["dictionary"],
-                                                        a["feature"])
-
-    def change(state: object, a: dict) -> dict[str, object]:
-        result = intervene(state, features, a["dictionary"], a["ids"], a["feature"],
-                           mode=a["mode"], coefficient=a["coefficient"],
-                           new_tokens=a["new_tokens"])
-        result["notices"] = a["notices"] + result["notices"]
-        return {"feature": a["feature"], "mode": a["mode"],
-                "coefficient": a["coefficient"]} | result
-
-    return [Route("/api/features", listing),
-            Route("/api/features/active", post("active", active), methods=["POST"]),
-            Route("/api/features/card", post("card", card), methods=["POST"]),
-            Route("/api/features/intervene", post("intervene", change), methods=["POST"])]
+    return [Route("/api/features", api_features),
+            Route("/api/features/active", api_features_active, methods=["POST"]),
+            Route("/api/features/card", api_features_card, methods=["POST"]),
+            Route("/api/features/intervene", api_features_intervene, methods=["POST"])]
