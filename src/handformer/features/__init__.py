@@ -18,8 +18,9 @@ among its hook points (``blocks.6.hook_resid_post.hook_sae_acts_post``) for
 from handformer.features.attach import Splice, attach, detach, splices
 from handformer.features.dictionary import Dictionary, SparseAutoencoder, Transcoder
 from handformer.features.files import DictionaryFileError
+from handformer.features.graph import AttributionGraph, attribution_graph
 from handformer.features.store import detect_format, load_dictionary, save_dictionary
 
 __all__ = ["Dictionary", "SparseAutoencoder", "Transcoder", "load_dictionary",
            "save_dictionary", "detect_format", "DictionaryFileError", "attach", "detach",
-           "splices", "Splice"]
+           "splices", "Splice", "attribution_graph", "AttributionGraph"]
