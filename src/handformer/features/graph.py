@@ -146,6 +146,13 @@ def _check_targets(targets: Any, vocab: int) -> list[tuple[int, int]]:
     return out
 
 
+def _logit_values(logits: Tensor, tok: Tensor, minus: Tensor) -> Tensor:
+    """``logits[tok] − logits[minus]`` (``minus = -1``: nothing subtracted). ``(V,)`` ->
+    ``(n_logits,)``."""
+    other = logits[minus.clamp(min=0)] * (minus >= 0)
+    return logits[tok] - other
+
+
 def attribution_graph(model: nn.Module, transcoders: Any, ids: Tensor, *,
                       targets: Sequence[int | tuple[int, int]] | None = None,
                       max_n_logits: int = 10, desired_logit_prob: float = 0.95,
@@ -215,8 +222,8 @@ def attribution_graph(model: nn.Module, transcoders: Any, ids: Tensor, *,
     pre_all = [out.pre[i][0][tuple(a.T)] for i, a in enumerate(active)
                if out.pre[i] is not None]
     lg = out.logits[0, -1]  # (V,)
-    logit_vals = lg[tok] - torch.where(minus >= 0, lg[minus.clamp(min=0)], torch.zeros((), dtype=lg.dtype))
-    y = torch.cat(pre_all + [logit_vals.to(pre_all[0].dtype if pre_all else dtype)])  # (n_all + n_logits,)
+    y_dtype = pre_all[0].dtype if pre_all else dtype
+    y = torch.cat(pre_all + [_logit_values(lg, tok, minus).to(y_dtype)])  # (n_all + n_logits,)
     leaves = [embed, errors] + [a for a in acts if a is not None]
 
     def rows(index: Tensor) -> Tensor:
@@ -244,7 +251,7 @@ def attribution_graph(model: nn.Module, transcoders: Any, ids: Tensor, *,
     def compute(indices: list[int]) -> None:
         for start in range(0, len(indices), batch_size):
             chunk = torch.tensor(indices[start:start + batch_size])
-            for k, row in zip(chunk.tolist(), rows(chunk)):
+            for k, row in zip(chunk.tolist(), rows(chunk), strict=True):
                 computed[k] = row
 
     logit_rows = list(range(n_all, n_all + n_logit))
@@ -301,8 +308,7 @@ def attribution_graph(model: nn.Module, transcoders: Any, ids: Tensor, *,
         zl = zero.logits[0, -1]
         const_all = [zero.pre[i][0][tuple(a.T)] for i, a in enumerate(active)
                      if zero.pre[i] is not None]
-        zlog = zl[tok] - torch.where(minus >= 0, zl[minus.clamp(min=0)], torch.zeros((), dtype=zl.dtype))
-        const = torch.cat(const_all + [zlog.to(y.dtype)])
+        const = torch.cat(const_all + [_logit_values(zl, tok, minus).to(y.dtype)])
     nan = torch.full((N,), float("nan"), dtype=y.dtype)
     pre_activations, biases = nan.clone(), nan.clone()
     idx = torch.tensor(order, dtype=torch.long)

@@ -76,11 +76,13 @@ class ReplacementOutput:
         logits: ``(B, L, V)`` before any final soft-cap.
         pre: per layer ``(B, L, F)`` feature pre-activations (None without a transcoder).
         mlp_in: per layer ``(B, L, E)`` the MLP's input in this run.
+        captured: hook name -> the value seen there (the names asked for in ``capture``).
     """
 
     logits: Tensor
     pre: list[Tensor | None]
     mlp_in: list[Tensor]
+    captured: dict[str, Tensor]
 
 
 class ReplacementModel:
@@ -163,7 +165,8 @@ class ReplacementModel:
         self.errors = torch.stack(errors)  # (n_layers, 1, L, E)
 
     def run(self, embed: Tensor | None = None, acts: Sequence[Tensor | None] | None = None,
-            errors: Tensor | None = None) -> ReplacementOutput:
+            errors: Tensor | None = None, *, capture: Sequence[str] = ()
+            ) -> ReplacementOutput:
         """Run the frozen replacement on given sources (default: the real ones).
 
         Every source may carry a batch of ``B`` copies (the same ``B`` for all), and may
@@ -174,6 +177,7 @@ class ReplacementModel:
             acts: per layer ``(B, L, F)`` feature activations (None entries where the layer
                 has no transcoder).
             errors: ``(n_layers, B, L, E)`` error nodes.
+            capture: hook names whose values to keep (``blocks.2.attn.hook_rot_q``).
 
         Returns:
             A :class:`ReplacementOutput`.
@@ -211,6 +215,9 @@ class ReplacementModel:
         spec: dict[str, Any] = {name: freeze for name in self.frozen}
         spec["hook_embed"] = set_embed
         spec[self.final_name] = keep_final
+        captured: dict[str, Tensor] = {}
+        for name in capture:
+            spec[name] = lambda t, n: captured.__setitem__(n, t)
         for i in range(self.n_layers):
             spec[f"blocks.{i}.hook_mlp_out"] = mlp_out(i)
         handles = [layer.ff.register_forward_pre_hook(
@@ -223,4 +230,4 @@ class ReplacementModel:
             for handle in handles:
                 handle.remove()
         logits = self.model.lm_head(final[0])  # (B, L, V) before any soft-cap
-        return ReplacementOutput(logits, pre, mlp_in)  # type: ignore[arg-type]
+        return ReplacementOutput(logits, pre, mlp_in, captured)  # type: ignore[arg-type]
