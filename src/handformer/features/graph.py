@@ -23,6 +23,7 @@ contributions are added to their (layer, position)'s error node, so every row st
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +57,8 @@ class AttributionGraph:
         node_labels: ``N`` strings (``"L3 F17 @5"``, ``"err L3 @5"``, ``"emb 464 @0"``,
             ``"logit 318 @6"``).
         replacement_score, completeness_score: the paper's scores (:mod:`influence`).
+        timings: seconds per stage of :func:`attribution_graph` (``replacement``,
+            ``forward``, ``logit_rows``, ``feature_rows``, ``assemble``, ``scores``).
     """
 
     input_ids: Tensor
@@ -72,6 +75,7 @@ class AttributionGraph:
     node_labels: list[str] = field(default_factory=list)
     replacement_score: float = float("nan")
     completeness_score: float = float("nan")
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def n_features(self) -> int:
@@ -190,7 +194,17 @@ def attribution_graph(model: nn.Module, transcoders: Any, ids: Tensor, *,
         raise ValueError(f"desired_logit_prob must be in (0, 1], got {desired_logit_prob!r}")
     if model.training:
         raise ValueError("model is in training mode (dropout): call model.eval() first")
+    clock = time.perf_counter()
+    timings: dict[str, float] = {}
+
+    def lap(stage: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        timings[stage] = timings.get(stage, 0.0) + now - clock
+        clock = now
+
     rep = ReplacementModel(model, transcoders, ids)
+    lap("replacement")
     L, n_layers = rep.ids.shape[0], rep.n_layers
     dtype = rep.embed.dtype
     logits_last = rep.logits[0, -1]  # (V,)
@@ -225,6 +239,7 @@ def attribution_graph(model: nn.Module, transcoders: Any, ids: Tensor, *,
     y_dtype = pre_all[0].dtype if pre_all else dtype
     y = torch.cat(pre_all + [_logit_values(lg, tok, minus).to(y_dtype)])  # (n_all + n_logits,)
     leaves = [embed, errors] + [a for a in acts if a is not None]
+    lap("forward")
 
     def rows(index: Tensor) -> Tensor:
         """``(R, n_all + L·n_layers + L)`` direct effects on the targets ``y[index]``."""
@@ -256,6 +271,7 @@ def attribution_graph(model: nn.Module, transcoders: Any, ids: Tensor, *,
 
     logit_rows = list(range(n_all, n_all + n_logit))
     compute(logit_rows)
+    lap("logit_rows")
     cap = n_all if max_feature_nodes is None else min(max_feature_nodes, n_all)
     selected: list[int] = []
     if cap == n_all:
@@ -283,6 +299,7 @@ def attribution_graph(model: nn.Module, transcoders: Any, ids: Tensor, *,
             selected += new
             compute(new)
         selected.sort()
+    lap("feature_rows")
 
     # Merge the features left out into their (layer, position)'s error column.
     sel = torch.tensor(selected, dtype=torch.long)
@@ -326,5 +343,8 @@ def attribution_graph(model: nn.Module, transcoders: Any, ids: Tensor, *,
     graph = AttributionGraph(rep.ids.clone(), n_layers, feats, act_vals.detach(), tok, minus,
                              weights.to(torch.float64), L - 1, A, pre_activations, biases,
                              labels)
+    lap("assemble")
     graph.replacement_score, graph.completeness_score = graph.scores()
+    lap("scores")
+    graph.timings = timings
     return graph
