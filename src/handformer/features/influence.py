@@ -65,7 +65,8 @@ def graph_scores(A: Tensor, weights: Tensor, errors: slice, tokens: slice) -> tu
     Args:
         A: ``(N, N)`` adjacency (targets × sources).
         weights: ``(N,)`` logit probabilities at the logit nodes, 0 elsewhere.
-        errors: the error nodes' index range; tokens: the embeddings'.
+        errors: the error nodes' index range.
+        tokens: the embeddings' index range.
     """
     A_norm = normalize_matrix(A)
     node_influence = influence(A_norm, weights)
@@ -112,7 +113,8 @@ def prune(A: Tensor, weights: Tensor, always: Tensor, *, node_threshold: float =
         A: ``(N, N)`` adjacency.
         weights: ``(N,)`` logit weights.
         always: ``(N,)`` bool, nodes kept whatever their influence (logits, embeddings).
-        node_threshold, edge_threshold: the cumulative shares kept, in ``(0, 1]``.
+        node_threshold: the cumulative share of node influence kept, in ``(0, 1]``.
+        edge_threshold: the cumulative share of edge influence kept, in ``(0, 1]``.
 
     Raises:
         ValueError: for a threshold outside ``(0, 1]``.

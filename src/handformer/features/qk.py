@@ -142,7 +142,8 @@ class FactoredMatrix:
     used here): ``A (E, D)``, ``B (D, E)``.
 
     Args:
-        A: ``(m, r)``; B: ``(r, n)``.
+        A: ``(m, r)``.
+        B: ``(r, n)``.
 
     Raises:
         ValueError: when the inner sizes differ.
@@ -194,6 +195,11 @@ def head_ov(model: nn.Module, layer: int, head: int) -> FactoredMatrix:
     """TransformerLens' ``OV`` of one head: ``W_V[h] @ W_O[h]`` ``(E, E)`` (GQA: the key/value
     head the query head shares).
 
+    Args:
+        model: a handformer model.
+        layer: the block.
+        head: the query head.
+
     Raises:
         ValueError: for a layer or head out of range.
     """
@@ -208,7 +214,9 @@ def head_qk(model: nn.Module, layer: int, head: int, *, offset: int | None = Non
     relative ``offset`` (key position minus query position, ``<= 0``): ``W_Q R(offset) W_Kᵀ``.
 
     Args:
-        model: a handformer model; layer, head: the head.
+        model: a handformer model.
+        layer: the block.
+        head: the query head.
         offset: needed for a RoPE model (its QK depends on the distance); None otherwise.
 
     Raises:

@@ -44,6 +44,10 @@ __all__ = ["ReplacementModel", "ReplacementOutput", "per_layer"]
 def per_layer(transcoders: Any, n_layers: int) -> list[Transcoder | None]:
     """One transcoder (or None) per layer, from a list or a ``{layer: transcoder}`` mapping.
 
+    Args:
+        transcoders: the list or mapping.
+        n_layers: the model's layers.
+
     Raises:
         ValueError: for a list of another length, a layer out of range, a non-transcoder.
     """
