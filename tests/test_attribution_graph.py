@@ -13,6 +13,7 @@ from handformer.attention.functional import soft_cap
 from handformer.features import attribution_graph
 from handformer.features.influence import graph_scores, prune
 from handformer.features.replacement import ReplacementModel
+from handformer.inspect import run_with_cache
 
 
 @pytest.mark.parametrize("kind", [GPT2, LLAMA], ids=["gpt2", "llama"])
@@ -139,3 +140,15 @@ def test_scores_and_pruning_on_a_graph_worked_by_hand() -> None:
     assert kept.edge_mask.sum() == 1 and kept.edge_mask[3, 2]
     with pytest.raises(ValueError, match="node_threshold"):
         prune(A, w, always, node_threshold=0)
+
+
+def test_a_layer_without_transcoder_is_all_error() -> None:
+    model, tcs, ids = tiny(LLAMA)
+    graph = attribution_graph(model, {0: tcs[0], 2: tcs[2]}, ids, targets=[1])
+    assert set(graph.features[:, 0].tolist()) <= {0, 2}
+    rep = ReplacementModel(model, [tcs[0], None, tcs[2]], ids)
+    _, cache = run_with_cache(model, ids[None], names="blocks.1.hook_mlp_out")
+    assert torch.allclose(rep.errors[1], cache["blocks.1.hook_mlp_out"], atol=1e-12)  # all error
+    rows = torch.isfinite(graph.pre_activations)
+    total = graph.adjacency[rows].sum(1) + graph.biases[rows]
+    assert (total - graph.pre_activations[rows]).abs().max() <= 1e-9
