@@ -28,7 +28,8 @@ from common import QUICK, machine, machine_line, write_results  # noqa: E402
 from handformer import CausalLM, CausalLMConfig  # noqa: E402
 from handformer.features import Transcoder, attribution_graph  # noqa: E402
 
-PROMPT = "The capital of France is Paris, and the capital of Italy is"
+PROMPT = ("The capital of France is Paris, and the capital of Italy is Rome. The capital of "
+          "Spain is")
 
 
 def load(source: str | None) -> tuple[CausalLM, torch.Tensor, str]:

@@ -262,31 +262,39 @@ def attribution_graph(model: nn.Module, transcoders: Any, ids: Tensor, *,
 
     n_logit = len(pairs)
     computed: dict[int, Tensor] = {}  # y index -> its row over all sources
+    cap = n_all if max_feature_nodes is None else min(max_feature_nodes, n_all)
+    # The rows as fractions of their |inputs| (for choosing features), filled as they come.
+    normed = torch.zeros(0 if cap == n_all else cap + n_logit, n_all + (n_layers + 1) * L,
+                         dtype=torch.float32)
+    row_ids: list[int] = []
 
     def compute(indices: list[int]) -> None:
         for start in range(0, len(indices), batch_size):
             chunk = torch.tensor(indices[start:start + batch_size])
-            for k, row in zip(chunk.tolist(), rows(chunk), strict=True):
+            block = rows(chunk)  # (R, C)
+            for k, row in zip(chunk.tolist(), block, strict=True):
                 computed[k] = row
+            if normed.shape[0]:
+                a = block.abs().float()
+                normed[len(row_ids):len(row_ids) + len(chunk)] = a / a.sum(
+                    1, keepdim=True).clamp(min=1e-10)
+                row_ids.extend(chunk.tolist())
 
     logit_rows = list(range(n_all, n_all + n_logit))
     compute(logit_rows)
     lap("logit_rows")
-    cap = n_all if max_feature_nodes is None else min(max_feature_nodes, n_all)
     selected: list[int] = []
     if cap == n_all:
         selected = list(range(n_all))
         compute(selected)
     else:
         while len(selected) < cap:  # rounds: the most influential features not yet visited
-            order = list(computed)
-            R = torch.stack([computed[k] for k in order]).to(torch.float64)
-            R = R.abs() / R.abs().sum(1, keepdim=True).clamp(min=1e-10)  # (R, C) normalised
-            w = torch.tensor([float(weights[k - n_all]) if k >= n_all else 0.0 for k in order],
-                             dtype=torch.float64)
-            is_feat = torch.tensor([k < n_all for k in order])
-            cols = torch.tensor([k if k < n_all else 0 for k in order])
-            total = torch.zeros(R.shape[1], dtype=torch.float64)
+            R = normed[:len(row_ids)]  # (rows, C)
+            w = torch.tensor([float(weights[k - n_all]) if k >= n_all else 0.0
+                              for k in row_ids])
+            is_feat = torch.tensor([k < n_all for k in row_ids])
+            cols = torch.tensor([k if k < n_all else 0 for k in row_ids])
+            total = torch.zeros(R.shape[1])
             cur = w
             for _ in range(n_layers + 2):
                 contrib = cur @ R  # (C,)
