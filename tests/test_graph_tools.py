@@ -113,3 +113,15 @@ def test_run_with_cache_keeps_gradients_at_every_point() -> None:
     assert all(p.grad is None for p in model.parameters())  # parameters untouched
     with pytest.raises(ValueError, match="incl_bwd"):
         run_with_cache(model, ids[None], names=names, incl_bwd=True)
+
+
+def test_graph_files_that_would_allocate_too_much_are_refused(tmp_path) -> None:
+    node = {"node_id": "E_5_1000000000", "feature_type": "embedding", "ctx_idx": 10 ** 9,
+            "layer": "E", "feature": 0}
+    (tmp_path / "huge.json").write_text(json.dumps({"nodes": [node], "links": []}))
+    with pytest.raises(GraphFileError, match="huge.json: 0 layers x 1000000001 positions"):
+        load_graph_json(tmp_path / "huge.json")
+    node = dict(node, node_id="nonsense", ctx_idx=1)
+    (tmp_path / "odd.json").write_text(json.dumps({"nodes": [node], "links": []}))
+    with pytest.raises(GraphFileError, match=r"odd.json: nodes\[0\]: node_id 'nonsense'"):
+        load_graph_json(tmp_path / "odd.json")

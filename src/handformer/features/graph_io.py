@@ -38,6 +38,7 @@ __all__ = ["graph_to_json", "save_graph_json", "load_graph_json", "GraphFileErro
            "MAX_NODES"]
 
 MAX_NODES = 16384  # a dense adjacency of this many nodes is 1 GiB in float32
+MAX_BYTES = 1 << 30  # a graph file larger than this is refused before it is read
 
 
 class GraphFileError(ValueError):
@@ -170,26 +171,39 @@ def load_graph_json(path: str | os.PathLike) -> AttributionGraph:
     """
     where = str(path)
     try:
+        size = Path(path).stat().st_size
+    except OSError as e:
+        raise GraphFileError(f"{where}: not a readable JSON file ({e})") from None
+    if size > MAX_BYTES:
+        raise GraphFileError(f"{where}: {size} bytes, more than MAX_BYTES = {MAX_BYTES}")
+    try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise GraphFileError(f"{where}: not a readable JSON file ({e})") from None
     nodes = _field(data, "nodes", list, where)
     links = _field(data, "links", list, where)
-    if len(nodes) > MAX_NODES:
-        raise GraphFileError(f"{where}: {len(nodes)} nodes, more than MAX_NODES = {MAX_NODES}")
+    if len(nodes) > MAX_NODES or len(links) > MAX_NODES ** 2:
+        raise GraphFileError(f"{where}: {len(nodes)} nodes, more than MAX_NODES = {MAX_NODES}"
+                             " (or more links than node pairs)")
     feats, errs, embeds, logits = [], [], [], []
     for n, node in enumerate(nodes):
         at = f"{where}: nodes[{n}]"
         kind = _field(node, "feature_type", str, at)
         node_id = _field(node, "node_id", str, at)
         pos = _field(node, "ctx_idx", int, at)
+        if pos < 0:
+            raise GraphFileError(f"{at}: ctx_idx {pos} is negative")
+        parts = node_id.split("_")
+        if len(parts) != 3 or not all(p.lstrip("-").isdigit() for p in parts[1:]) or (
+                parts[0] != "E" and not parts[0].isdigit()):
+            raise GraphFileError(f"{at}: node_id {node_id!r} is not 'layer_feature_pos'")
         if kind == "cross layer transcoder":
-            layer, f, _ = (int(v) for v in node_id.split("_"))
+            layer, f = int(parts[0]), int(parts[1])
             feats.append((layer, pos, f, float(node.get("activation") or 0.0), node_id))
         elif kind == "mlp reconstruction error":
             errs.append((int(_field(node, "layer", str, at)), pos, node_id))
         elif kind == "embedding":
-            embeds.append((pos, int(node_id.split("_")[1]), node_id))
+            embeds.append((pos, int(parts[1]), node_id))
         elif kind == "logit":
             logits.append((int(_field(node, "feature", int, at)),
                            float(node.get("token_prob", 0.0)), pos, node_id))
@@ -197,6 +211,10 @@ def load_graph_json(path: str | os.PathLike) -> AttributionGraph:
             raise GraphFileError(f"{at}: unknown feature_type {kind!r}")
     L = max([p for p, _, _ in embeds] + [p for _, p, _ in errs] + [-1]) + 1
     n_layers = max([la for la, _, _ in errs] + [la for la, *_ in feats] + [-1]) + 1
+    if (n_layers + 1) * L + len(feats) + len(logits) > MAX_NODES or any(
+            la < 0 for la, _, _ in errs):
+        raise GraphFileError(f"{where}: {n_layers} layers x {L} positions of error and token "
+                             f"nodes is more than MAX_NODES = {MAX_NODES} (or a layer < 0)")
     ids = torch.zeros(L, dtype=torch.long)
     for pos, tok, _ in embeds:
         ids[pos] = tok
