@@ -19,13 +19,17 @@ from handformer.inspect import run_with_cache, run_with_hooks
 def test_json_round_trip_keeps_nodes_edges_and_scores(tmp_path) -> None:
     model, tcs, ids = tiny(GPT2)
     graph = attribution_graph(model, tcs, ids, max_feature_nodes=15)
-    path = save_graph_json(graph, tmp_path / "g.json", slug="tiny")
+    layer, pos, f = graph.features[0].tolist()
+    group = ["first", f"{layer}_{f}_{pos}", f"{layer}_-1_{pos}"]
+    path = save_graph_json(graph, tmp_path / "g.json", slug="tiny", supernodes=[group])
     data = json.loads(path.read_text())
     assert set(data) == {"metadata", "qParams", "nodes", "links"}
     kinds = {n["feature_type"] for n in data["nodes"]}
     assert kinds == {"cross layer transcoder", "mlp reconstruction error", "embedding", "logit"}
-    layer, pos, f = graph.features[0].tolist()
     assert any(n["node_id"] == f"{layer}_{f}_{pos}" for n in data["nodes"])
+    assert data["qParams"]["supernodes"] == [group]
+    with pytest.raises(ValueError, match="supernodes: 'x' names nodes not in the graph"):
+        save_graph_json(graph, tmp_path / "s.json", supernodes=[["x", "99_1_1"]])
     back = load_graph_json(path)
     assert torch.equal(back.features, graph.features)
     assert torch.allclose(back.adjacency.double(), graph.adjacency, rtol=1e-6, atol=1e-9)

@@ -56,8 +56,8 @@ def _node_ids(graph: AttributionGraph) -> list[str]:
 
 def graph_to_json(graph: AttributionGraph, *, slug: str = "handformer-graph",
                   prompt_tokens: list[str] | None = None, pruned: Pruned | None = None,
-                  scan: str = "handformer", node_threshold: float | None = None
-                  ) -> dict[str, Any]:
+                  scan: str = "handformer", node_threshold: float | None = None,
+                  supernodes: list[list[str]] | None = None) -> dict[str, Any]:
     """The graph as circuit-tracer's JSON object (see the module docs).
 
     Args:
@@ -67,9 +67,12 @@ def graph_to_json(graph: AttributionGraph, *, slug: str = "handformer-graph",
         pruned: write only what it keeps (default: every node and non-zero edge).
         scan: the model / transcoder set's name (Neuronpedia's ``scan``).
         node_threshold: recorded in the metadata.
+        supernodes: groups the page shows collapsed: ``[[name, node_id, ...], ...]`` (the
+            page's ``qParams.supernodes``); every node id must be among the nodes written.
 
     Raises:
-        ValueError: for prompt_tokens of the wrong length.
+        ValueError: for prompt_tokens of the wrong length, a supernode naming a node that is
+            not written.
     """
     L = graph.n_positions
     tokens = prompt_tokens if prompt_tokens is not None else [str(int(t)) for t in
@@ -112,13 +115,22 @@ def graph_to_json(graph: AttributionGraph, *, slug: str = "handformer-graph",
                         jsNodeId=f"L_{t}-{graph.logit_position}",
                         clerp=f"Output {what} (p={p:.3f})")
         nodes.append(node)
+    written = {node["node_id"] for node in nodes}
+    for group in supernodes or []:
+        if not (isinstance(group, list) and len(group) >= 2
+                and all(isinstance(g, str) for g in group)):
+            raise ValueError(f"supernodes: each group is [name, node_id, ...], got {group!r}")
+        unknown = [g for g in group[1:] if g not in written]
+        if unknown:
+            raise ValueError(f"supernodes: {group[0]!r} names nodes not in the graph (or "
+                             f"pruned away): {unknown}")
     targets, sources = edge_mask.nonzero(as_tuple=True)
     links = [{"source": ids[s], "target": ids[t], "weight": float(graph.adjacency[t, s])}
              for t, s in zip(targets.tolist(), sources.tolist(), strict=True)]
     return {"metadata": {"slug": slug, "scan": scan, "transcoder_list": [],
                          "prompt_tokens": tokens, "prompt": "".join(tokens),
                          "node_threshold": node_threshold, "schema_version": 1},
-            "qParams": {"pinnedIds": [], "supernodes": [], "linkType": "both",
+            "qParams": {"pinnedIds": [], "supernodes": supernodes or [], "linkType": "both",
                         "clickedId": "", "sg_pos": ""},
             "nodes": nodes, "links": links}
 
