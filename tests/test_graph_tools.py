@@ -83,7 +83,7 @@ def test_intervention_in_the_real_model(kind: dict) -> None:
         final = []
         run_with_hooks(model, ids[None], hooks={**extra, "ln_final.hook_normalized":
                                                 lambda t, n: final.append(t)})
-        return float(model.lm_head(final[0][0, -1])[3])
+        return float(model.lm_head(final[0][0, -1])[3].detach())
 
     mlp_out = f"blocks.{last}.hook_mlp_out"
     assert float(res.after[0]) == pytest.approx(logit({mlp_out: minus}), abs=1e-10)
