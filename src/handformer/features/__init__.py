@@ -13,16 +13,41 @@ among its hook points (``blocks.6.hook_resid_post.hook_sae_acts_post``) for
     with attach(model, sae):
         out, cache = run_with_cache(model, ids)
     acts = cache["blocks.9.hook_resid_post.hook_sae_acts_post"]  # (B, L, d_sae)
+
+With one transcoder per layer, :func:`attribution_graph` traces a prompt's circuit (the
+local replacement model, :mod:`handformer.features.graph`): direct effects between features,
+error nodes, token embeddings and logits, pruned by influence, scored, checked in the real
+model by :func:`intervene`, saved for circuit-tracer's page (:func:`save_graph_json`) or drawn
+(:func:`draw_graph`); :func:`qk_attribution` says why a head attends where it does.
+
+    graph = attribution_graph(model, transcoders, ids, max_feature_nodes=2000)
+    kept = graph.prune(node_threshold=0.8, edge_threshold=0.98)
 """
 
 from handformer.features.attach import Splice, attach, detach, splices
 from handformer.features.dictionary import Dictionary, SparseAutoencoder, Transcoder
 from handformer.features.files import DictionaryFileError
+from handformer.features.graph import AttributionGraph, attribution_graph
+from handformer.features.graph_draw import draw_graph
+from handformer.features.graph_io import GraphFileError, load_graph_json, save_graph_json
+from handformer.features.influence import Pruned
+from handformer.features.interventions import Intervention, intervene
+from handformer.features.qk import (
+    FactoredMatrix,
+    QKAttribution,
+    head_ov,
+    head_qk,
+    qk_attribution,
+)
+from handformer.features.replacement import ReplacementModel
 from handformer.features.store import detect_format, load_dictionary, save_dictionary
 
 __all__ = ["Dictionary", "SparseAutoencoder", "Transcoder", "load_dictionary",
            "save_dictionary", "detect_format", "DictionaryFileError", "attach", "detach",
-           "splices", "Splice"]
+           "splices", "Splice", "attribution_graph", "AttributionGraph", "Pruned",
+           "ReplacementModel", "qk_attribution", "QKAttribution", "head_ov", "head_qk",
+           "FactoredMatrix", "intervene", "Intervention", "save_graph_json",
+           "load_graph_json", "GraphFileError", "draw_graph"]
 
 # Training, metrics and using features (handformer.features.train / metrics / analysis).
 from handformer.features.analysis import (  # noqa: E402

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from handformer.hooks import HookFn, HookPoint, active_hooks
@@ -256,7 +257,26 @@ class ActivationCache(Mapping[str, Tensor]):
         return attribution.tokens_to_residual_directions(self.model, tokens)
 
 
+def _backward(out: Any, incl_bwd: bool | Callable[[Any], Tensor], live: dict[str, Tensor]
+              ) -> dict[str, Tensor]:
+    """The gradients of the scalar ``incl_bwd`` names at the ``live`` tensors (see
+    :func:`run_with_cache`); the parameters' ``.grad`` are left alone."""
+    if callable(incl_bwd):
+        scalar = incl_bwd(out)
+    elif isinstance(out, Tensor):
+        scalar = out
+    else:
+        scalar = getattr(out, "loss", None)
+    if not isinstance(scalar, Tensor) or scalar.numel() != 1 or not scalar.requires_grad:
+        raise ValueError("incl_bwd=True needs a scalar to differentiate: pass labels (the "
+                         "output's loss), or incl_bwd=fn(output) -> scalar tensor")
+    grads = torch.autograd.grad(scalar, list(live.values()), allow_unused=True)
+    return {n: torch.zeros_like(t) if g is None else g
+            for (n, t), g in zip(live.items(), grads, strict=True)}
+
+
 def run_with_cache(model: nn.Module, *args: Any, names: NameSpec = None, detach: bool = True,
+                   incl_bwd: bool | Callable[[Any], Tensor] = False,
                    **kwargs: Any) -> tuple[Any, ActivationCache]:
     """Run the model and keep the activations at the chosen hook points.
 
@@ -270,23 +290,36 @@ def run_with_cache(model: nn.Module, *args: Any, names: NameSpec = None, detach:
         names: which points to keep: None (all), a name, a glob
             (``"blocks.*.hook_resid_post"``), a list of those, or a predicate ``name -> bool``.
         detach: store detached tensors (default); False keeps them in the autograd graph.
+        incl_bwd: also keep the gradient at every kept point, as ``name + "_grad"``
+            (TransformerLens' keys): True differentiates the output's ``loss`` (pass
+            ``labels``) or the output itself when it is a scalar; a function
+            ``fn(output) -> scalar`` differentiates what it returns (``lambda out:
+            out.logits[0, -1, token]``).
 
     Returns:
         ``(output, cache)``: the model's usual output and an :class:`ActivationCache`.
 
     Raises:
         KeyError: for a name or glob that matches no hook point (with the closest names).
+        ValueError: with ``incl_bwd=True`` and no scalar to differentiate.
     """
     points = hook_points(model)
     chosen = select_names(points, names)
     store: dict[str, Tensor] = {}
+    live: dict[str, Tensor] = {}  # with incl_bwd: the kept tensors, in the autograd graph
 
     def keep(t: Tensor, name: str) -> None:
         store[name] = t.detach() if detach else t
+        if incl_bwd is not False and t.requires_grad:
+            live[name] = t
 
     registry: dict[HookPoint, tuple[tuple[str, Callable], ...]] = {
         points[n]: ((n, keep),) for n in chosen}
-    with active_hooks(registry):
+    with torch.enable_grad() if incl_bwd is not False else nullcontext(), \
+            active_hooks(registry):
         out = _call(model, args, kwargs)
+    if incl_bwd is not False:
+        store.update({n + "_grad": g for n, g in _backward(out, incl_bwd, live).items()})
     ordered = {n: store[n] for n in chosen if n in store}
+    ordered.update({n + "_grad": store[n + "_grad"] for n in chosen if n + "_grad" in store})
     return out, ActivationCache(ordered, list(points), model)
