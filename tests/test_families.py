@@ -8,7 +8,7 @@ and (for some) a ``config.json`` in the older spelling (``rope_theta`` / ``rope_
 
 * logits within 1e-4 of transformers' eager attention in float32; in bfloat16, within a few
   bfloat16 roundings (2^-8) of transformers' bfloat16 and on average about as far from the
-  float32 logits than transformers' bfloat16 is (within 1.25x);
+  float32 logits as transformers' bfloat16 (within 1.25x);
 * in float64 within 1e-10 of a reference whose RMSNorm, RoPE angles and softmax are patched
   (here, with ``monkeypatch``) to stay in float64 -- transformers casts all three to float32
   even for float64 inputs;
