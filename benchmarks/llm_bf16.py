@@ -1,9 +1,9 @@
 """bfloat16 decoding against float32 decoding, and against bfloat16's floor (issue 37, section 2).
 
 Part of ``bench_llm.py`` (its model folder, its float32 model and its floor step); runnable
-alone for a short check: ``.venv/bin/python benchmarks/llm_bf16.py`` (SmolLM2-135M's shape,
-prints, writes nothing). Per thread count, all interleaved round by round, the minimum of
-each (a shared host only ever adds time):
+alone for a short check: ``.venv/bin/python benchmarks/llm_bf16.py`` (SmolLM2-135M's shape;
+add ``gemma3`` for Gemma 3 270M's, 1 thread; prints, writes nothing). Per thread count, all
+interleaved round by round, the minimum of each (a shared host only ever adds time):
 
 * ms per new token of ``generate`` in float32 and in bfloat16 (the same folder loaded with
   ``dtype=torch.bfloat16``), a streamer timing the steps after the first new token;
@@ -106,13 +106,31 @@ def bench_bf16(folder: Path, ours32: torch.nn.Module, threads: tuple[int, ...],
             "target": TARGET}, header + lines + [""]
 
 
+def save_gemma3(folder: Path) -> None:
+    """Random weights in Gemma 3 270M's shape (18 layers, d=640, 4 heads, 1 KV head of 256,
+    d_ff 2048, vocabulary 262,144, tied head; 1.07 GB of float32), a Gemma 3 folder."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.Gemma3TextConfig(
+        vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
+        max_position_embeddings=2048, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        initializer_range=0.05)
+    transformers.Gemma3ForCausalLM(config).save_pretrained(folder)
+
+
 def main() -> None:
+    """SmolLM2's shape at bench_llm's thread counts; ``gemma3`` as the first argument: Gemma 3
+    270M's shape, 1 thread."""
     import bench_llm
 
+    gemma = sys.argv[1:] == ["gemma3"]
     with tempfile.TemporaryDirectory() as tmp:
-        bench_llm.save_folder(Path(tmp))
+        (save_gemma3 if gemma else bench_llm.save_folder)(Path(tmp))
         ours32, _ = load_lm(tmp, tokenizer=False)
-        _, lines = bench_bf16(Path(tmp), ours32, bench_llm.THREADS, bench_llm.floor_step)
+        _, lines = bench_bf16(Path(tmp), ours32, (1,) if gemma else bench_llm.THREADS,
+                              bench_llm.floor_step)
     print("\n".join(lines))
 
 
