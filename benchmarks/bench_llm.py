@@ -22,11 +22,11 @@ float32, batch 1, at 1 and 2 torch threads, all calls interleaved round by round
 5. how fast this host streams float32 weights (the floor's bytes over its time, and small
    working sets as in ``bench_decode.py``), and the load average at start and end: decoding
    is memory-bound, so hosts differ.
-
 6. int8 (``load_lm(..., quantize="int8")``) on the shipped SmolLM2-135M GGUF (real weights):
    decode ms/token against float32 at 1 and 2 threads (interleaved, CPU time and wall time),
    prefill of 512 tokens, peak RSS growth of each load in a fresh process (against the GGUF
    file's size), and top-1 agreement / mean KL with float32 on the prompt.
+7. bfloat16 decoding against float32 and its floor (``llm_bf16.py``, issue 37).
 
 Run: ``.venv/bin/python benchmarks/bench_llm.py`` (``HANDFORMER_BENCH_QUICK=1``: a tiny
 model, for the smoke test; ``--int8``: section 6 alone, printed, no results written).
@@ -48,6 +48,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import QUICK, interleaved, interleaved_runs, machine, machine_line, write_results  # noqa: E402
 from handformer.pretrained import load_lm  # noqa: E402
+from llm_bf16 import bench_bf16  # noqa: E402
 
 SHAPE = (dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2) if QUICK else
@@ -371,6 +372,7 @@ def main() -> None:
             warnings.simplefilter("ignore")
             theirs = transformers.AutoModelForCausalLM.from_pretrained(
                 tmp, attn_implementation="sdpa").eval()
+        bf16, bf16_lines = bench_bf16(Path(tmp), ours, THREADS, floor_step)  # llm_bf16.py
     theirs.generation_config.eos_token_id = None
     per_threads = [bench_threads(ours, theirs, t) for t in THREADS]
     torch.set_num_threads(1)
@@ -384,7 +386,7 @@ def main() -> None:
     load_end = os.getloadavg()
     data = {"int8": int8, "machine": machine(), "shape": SHAPE, "load_s": load_s,
             "transformers": transformers.__version__, "threads": per_threads,
-            "kv_cache": kv, "streaming": stream, "load_memory": memory,
+            "kv_cache": kv, "streaming": stream, "load_memory": memory, "bfloat16": bf16,
             "targets": {"forward_ratio": 1.0, "decode_ratio": 0.9, "decode_vs_floor": 1.3},
             "load_average_start": list(load_start), "load_average_end": list(load_end)}
     ok = lambda c: "yes" if c else "NO"  # noqa: E731
@@ -433,6 +435,7 @@ def main() -> None:
                     for r in stream["working_sets"]) + ".",
         "",
         *int8_lines,
+        *bf16_lines,
     ]
     write_results("llm", data, "\n".join(lines))
 

@@ -39,11 +39,21 @@ def grouped_step(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None,
     model with two threads: the kernel splits its work by heads, and there are fewer.)
     ``key_mask`` broadcasts to ``(B, 1, 1, L_k)``.
 
+    On CPU, float16/bfloat16 inputs are attended in float32 and the result cast back: torch's
+    CPU kernel takes ~7x longer for one bfloat16 query than for float32 ones (measured, 9
+    query and 3 key/value heads of 64, 1 thread: 0.39 ms against 0.05 over 128 keys, 2.9
+    against 0.36 over 1,024), and converting the held keys and values costs less than the
+    difference (0.08 and 0.47 ms in all, conversion included).
+
     Returns:
         ``(B, H, 1, D_v)``.
     """
+    gqa = k.shape[1] != q.shape[1]
+    if q.dtype in (torch.float16, torch.bfloat16) and q.device.type == "cpu":
+        return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=key_mask,
+                                              scale=scale, enable_gqa=gqa).to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, scale=scale,
-                                          enable_gqa=k.shape[1] != q.shape[1])
+                                          enable_gqa=gqa)
 
 
 def _attend_held(attention: AttentionKind, q: Tensor, k: Tensor, v: Tensor,

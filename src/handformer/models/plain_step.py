@@ -53,15 +53,13 @@ from handformer.decoder_layer import DecoderLayer
 from handformer.hooks import HookPoint
 from handformer.layers import _IN_PLACE, ACTIVATIONS, FeedForward, GatedFeedForward
 from handformer.models.quantized import Int8Linear
+from handformer.models.step_linear import Linear, StepLinears
 from handformer.norms import LayerNorm, RMSNorm
 from handformer.packing import packed_linear
 from handformer.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 from handformer.positional_rotary import RotaryEmbedding, rotate_with_tables
 
 __all__ = ["PlainDecodeStep", "plain_step_refusal"]
-
-Linear = tuple[Tensor, "Tensor | None"]  # weight (out, in), bias (out,) or None
-
 
 @dataclass(frozen=True)
 class _Norm:
@@ -94,15 +92,16 @@ class _Layer:
     norm3: _Norm
     post_attn: _Norm | None
     post_mlp: _Norm | None
-    q: Linear  # (H * D, E)
-    k: Linear  # (H_kv * D, E)
-    v: Linear
+    # x -> F.linear(x, W, b), by the kernel step_linear picks for W's dtype
+    q: Linear | None  # (H * D, E); None where qkv is there
+    k: Linear | None  # (H_kv * D, E)
+    v: Linear | None
     qkv: Linear | None  # ((H + 2 H_kv) * D, E): q, k, v stored back to back (or None)
     out: Linear  # (E, H * D)
     q_norm: _Norm | None  # (D,)
     k_norm: _Norm | None
     gated: bool
-    ff1: Linear  # plain: linear1 (d_ff, E); gated: gate_proj
+    ff1: Linear | None  # plain: linear1 (d_ff, E); gated: gate_proj (None where gate_up is)
     ff2: Linear  # plain: linear2 (E, d_ff); gated: down_proj
     up: Linear | None  # gated: up_proj (d_ff, E)
     gate_up: Linear | None  # gated: (2 d_ff, E), gate and up stored back to back (or None)
@@ -161,25 +160,17 @@ def plain_step_refusal(model: nn.Module, cache: DecodingCache | None) -> str | N
     return None
 
 
-def _linear(module: nn.Linear) -> Linear:
-    if type(module) is Int8Linear:  # its own product (see _product); no dequantized copy
-        return module, None  # type: ignore[return-value]
-    return module.weight, module.bias
+def _linear(make: StepLinears, module: nn.Linear) -> Linear:
+    if type(module) is Int8Linear:  # its own int8 product (:mod:`handformer.models.quantized`)
+        return module.forward
+    return make(module.weight, module.bias)
 
 
-def _product(h: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``F.linear(h, weight, bias)``; for an int8 layer (:mod:`handformer.models.quantized`,
-    passed in ``weight``'s place by :func:`_linear`) the layer's own int8 product."""
-    if type(weight) is Int8Linear:
-        return weight.forward(h)
-    return F.linear(h, weight, bias)
-
-
-def _packed(*linears: nn.Linear) -> Linear | None:
-    """:func:`~handformer.packing.packed_linear`, None for int8 layers (one product each)."""
-    if any(type(m) is Int8Linear for m in linears):
+def _packed(make: StepLinears, *modules: nn.Linear) -> Linear | None:
+    if any(type(m) is Int8Linear for m in modules):  # int8: one product each
         return None
-    return packed_linear(*linears)
+    packed = packed_linear(*modules)
+    return None if packed is None else make(*packed)
 
 
 def _norm(module: nn.Module | None) -> _Norm | None:
@@ -204,19 +195,24 @@ def _activation(ff: FeedForward | GatedFeedForward) -> Callable[[Tensor], Tensor
         else ff.activation
 
 
-def _layer(layer: DecoderLayer, layer_cache: KVCache | WindowKVCache) -> _Layer:
+def _layer(layer: DecoderLayer, layer_cache: KVCache | WindowKVCache,
+           make: StepLinears) -> _Layer:
     attn, ff = layer.self_attn, layer.ff
     gated = isinstance(ff, GatedFeedForward)
+    qkv = _packed(make, attn.q_proj, attn.k_proj, attn.v_proj)
+    gate_up = _packed(make, ff.gate_proj, ff.up_proj) if gated else None
+    q, k, v = (None, None, None) if qkv is not None else (
+        _linear(make, attn.q_proj), _linear(make, attn.k_proj), _linear(make, attn.v_proj))
     return _Layer(
         norm_first=layer.norm_first, norm1=_norm(layer.norm1), norm3=_norm(layer.norm3),
         post_attn=_norm(layer.post_attn_norm), post_mlp=_norm(layer.post_mlp_norm),
-        q=_linear(attn.q_proj), k=_linear(attn.k_proj), v=_linear(attn.v_proj),
-        qkv=_packed(attn.q_proj, attn.k_proj, attn.v_proj),
-        out=_linear(attn.out_proj), q_norm=_norm(attn.q_norm), k_norm=_norm(attn.k_norm),
-        gated=gated, ff1=_linear(ff.gate_proj if gated else ff.linear1),
-        ff2=_linear(ff.down_proj if gated else ff.linear2),
-        up=_linear(ff.up_proj) if gated else None,
-        gate_up=_packed(ff.gate_proj, ff.up_proj) if gated else None,
+        q=q, k=k, v=v, qkv=qkv,
+        out=_linear(make, attn.out_proj), q_norm=_norm(attn.q_norm), k_norm=_norm(attn.k_norm),
+        gated=gated,
+        ff1=None if gate_up is not None else _linear(make, ff.gate_proj if gated else ff.linear1),
+        ff2=_linear(make, ff.down_proj if gated else ff.linear2),
+        up=_linear(make, ff.up_proj) if gated and gate_up is None else None,
+        gate_up=gate_up,
         activation=_activation(ff), rotary=attn.rotary, scale=attn.scale,
         softcap=attn.attention.softcap, cache=layer_cache)
 
@@ -264,8 +260,9 @@ class PlainDecodeStep:
         elif isinstance(model.pos_emb, SinusoidalPositionalEncoding):
             self.pos_table = model.pos_emb.pe.to(self.tok_emb.dtype)
         self.final_norm = _norm(model.norm)
-        self.lm_head = _linear(model.lm_head)[0]  # (V, E), or an int8 layer
-        self.layers = [_layer(layer, layer_cache)
+        make = StepLinears(model)  # the bf16 kernel where it pays (see step_linear)
+        self.lm_head = _linear(make, model.lm_head)  # (B, E) -> (B, V)
+        self.layers = [_layer(layer, layer_cache, make)
                        for layer, layer_cache in zip(model.layers, cache.layers, strict=True)]
         # the distinct rotary tables (Gemma 3: one for local layers, one for global ones)
         self.rotaries = list({id(la.rotary): la.rotary for la in self.layers
@@ -304,7 +301,7 @@ class PlainDecodeStep:
                 z = grouped_step(q, keys, values, key_mask, layer.scale)  # (B, H, 1, D)
             else:
                 z = _capped_step(q, keys, values, key_mask, layer.scale, layer.softcap)
-            attn = _product(z.view(B, -1), *layer.out)  # (B, H, 1, D) -> (B, E)
+            attn = layer.out(z.view(B, -1))  # (B, H, 1, D) -> (B, E)
             if layer.post_attn is not None:
                 attn = layer.post_attn(attn)
             if layer.norm_first:
@@ -317,29 +314,29 @@ class PlainDecodeStep:
             x = self.final_norm(x)
         self.cache.seen += 1
         self.cache.next_positions = positions + 1
-        return soft_cap(_product(x, self.lm_head), self.final_softcap)  # (B, V)
+        return soft_cap(self.lm_head(x), self.final_softcap)  # (B, V)
 
     def _qk_v(self, layer: _Layer, h: Tensor) -> tuple[Tensor, Tensor]:
         """The queries and keys of ``h: (B, E)`` side by side, ``(B, H + H_kv, 1, D)``, and
         the values, ``(B, H_kv, 1, D)``: one product where the weights are packed."""
         B, H, H_kv = h.shape[0], self.num_heads, self.num_kv_heads
         if layer.qkv is not None:
-            qkv = _product(h, *layer.qkv).view(B, H + 2 * H_kv, 1, -1)  # (B, H + 2 H_kv, 1, D)
+            qkv = layer.qkv(h).view(B, H + 2 * H_kv, 1, -1)  # (B, H + 2 H_kv, 1, D)
             return qkv[:, :H + H_kv], qkv[:, H + H_kv:]
-        q = _product(h, *layer.q).view(B, H, 1, -1)  # (B, H, 1, D)
-        k = _product(h, *layer.k).view(B, H_kv, 1, -1)  # (B, H_kv, 1, D)
-        v = _product(h, *layer.v).view(B, H_kv, 1, -1)
+        q = layer.q(h).view(B, H, 1, -1)  # (B, H, 1, D)
+        k = layer.k(h).view(B, H_kv, 1, -1)  # (B, H_kv, 1, D)
+        v = layer.v(h).view(B, H_kv, 1, -1)
         return torch.cat([q, k], dim=1), v
 
     @staticmethod
     def _mlp(layer: _Layer, h: Tensor) -> Tensor:
         """The layer's MLP on ``h: (B, E)``, with its sandwich norm."""
         if layer.gate_up is not None:  # one product: [gate | up], (B, 2 d_ff)
-            gate, up = _product(h, *layer.gate_up).chunk(2, dim=-1)  # (B, d_ff) each
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)  # (B, d_ff) each
             hidden = layer.activation(gate).mul_(up)
         elif layer.gated:
-            hidden = layer.activation(_product(h, *layer.ff1)).mul_(_product(h, *layer.up))
+            hidden = layer.activation(layer.ff1(h)).mul_(layer.up(h))
         else:
-            hidden = layer.activation(_product(h, *layer.ff1))  # (B, d_ff)
-        out = _product(hidden, *layer.ff2)  # (B, E)
+            hidden = layer.activation(layer.ff1(h))  # (B, d_ff)
+        out = layer.ff2(hidden)  # (B, E)
         return out if layer.post_mlp is None else layer.post_mlp(out)
