@@ -32,7 +32,7 @@ def state(smollm2) -> ModelState:  # noqa: ANN001
     import handformer.serve.state as state_module
 
     real = state_module._load_causal
-    state_module._load_causal = lambda source, device: smollm2
+    state_module._load_causal = lambda source, device, quantize=None: smollm2
     try:
         return ModelState("smollm2-135m-instruct")
     finally:

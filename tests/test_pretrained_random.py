@@ -185,7 +185,7 @@ def test_config_from_dict_reads_hf_keys() -> None:
     assert BertConfig.from_dict(c.to_dict()) == c
     model = BertModel(c, add_pooling_layer=False)
     assert model.encoder.layers[0].norm1.eps == 1e-6
-    assert BertTokenizer.__module__.startswith("handformer.pretrained.")  # our own, exported
+    assert BertTokenizer.__module__.startswith("handformer.tokenizers.")  # our own, exported
 
 
 def test_local_attention_kind_on_a_checkpoint(tmp_path) -> None:

@@ -317,7 +317,7 @@ def feature_card(state: object, features: FeatureSet, name: str, feature: int, *
         ``suppressed`` None where the dictionary's width is not the residual stream's).
     """
     from handformer.features.analysis import feature_logit_effects
-    from handformer.pretrained.token_labels import token_labels
+    from handformer.tokenizers.labels import token_labels
 
     d = features.dictionaries[name]
     found: list[tuple[float, Record, int]] = []
