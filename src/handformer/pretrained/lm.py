@@ -27,6 +27,7 @@ import json
 import os
 import warnings
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -199,31 +200,10 @@ def build_causal_lm(hf_config: Mapping[str, object], state: Mapping[str, Tensor]
     if not isinstance(hf_config, Mapping):
         raise TypeError(f"hf_config must be a dict (config.json), got "
                         f"{type(hf_config).__name__}")
-    family = family_for(hf_config.get("model_type"))
-    config = family.config_from_hf(dict(hf_config))
-    with _parameters_on_meta():
-        model = CausalLM(config)
-    canonical = family.key_map(config)
-    ours = dict(model.named_parameters())  # tied parameters once
-    header = _header_of(state)
-    holder = _holder(_file_shapes(family, config, canonical, ours), _tie(family, config))
-    layout = family.layout
-    prefix = layout.prefix_of(header)
-
-    def to_canonical(key: str) -> str | None:
-        if layout.skips(key):
-            return None
-        if key in layout.heads:
-            return layout.heads[0]
-        if key.startswith(prefix):
-            return layout.body + key[len(prefix):]
-        return key
-
-    plan, _, problems = _plan(holder, header, to_canonical, layout.to_file(header))
-    if problems:
-        raise CheckpointError(f"{source}: the checkpoint does not match its config "
-                              f"({hf_config.get('model_type')}); nothing was loaded.\n"
-                              + "\n".join(problems))
+    checked = check_against_config(hf_config, state, str(source))
+    family, config, model, canonical = (checked.family, checked.config, checked.model,
+                                        checked.canonical)
+    header, holder, plan = checked.header, checked.holder, checked.plan
     aliases = {name: group[0] for group in _alias_groups(holder) for name in group}
     installer = Int8Installer(model) if quantize else None  # int8: no float slots to fill
     slots = {} if installer else _packed_slots(model, dtype, where)
@@ -271,6 +251,64 @@ def _packed_slots(model: CausalLM, dtype: torch.dtype, device: torch.device
     return {names[id(p)]: view for group in projection_groups(model)
             for p, view in empty_packed(*group, dtype=dtype, device=device)}
 
+
+
+@dataclass(frozen=True)
+class CheckedCheckpoint:
+    """What :func:`check_against_config` found: the model on ``meta`` and the reading plan."""
+
+    family: Family
+    config: object
+    model: CausalLM
+    canonical: dict
+    header: dict
+    holder: object
+    plan: list
+
+
+def check_against_config(hf_config: Mapping, state: object, source: str) -> CheckedCheckpoint:
+    """Build the model of ``hf_config`` on ``meta`` and plan which checkpoint key fills which
+    parameter, reading no tensor (shared by :func:`build_causal_lm` and the tensor-parallel
+    loader).
+
+    Args:
+        hf_config: the checkpoint's ``config.json``.
+        state: the checkpoint's tensors (only its header is read).
+        source: the file or folder, for messages.
+
+    Returns:
+        The :class:`CheckedCheckpoint`.
+
+    Raises:
+        CheckpointError: for keys or shapes that do not match the config (every one listed);
+            nothing is loaded.
+    """
+    family = family_for(hf_config.get("model_type"))
+    config = family.config_from_hf(dict(hf_config))
+    with _parameters_on_meta():
+        model = CausalLM(config)
+    canonical = family.key_map(config)
+    ours = dict(model.named_parameters())  # tied parameters once
+    header = _header_of(state)
+    holder = _holder(_file_shapes(family, config, canonical, ours), _tie(family, config))
+    layout = family.layout
+    prefix = layout.prefix_of(header)
+
+    def to_canonical(key: str) -> str | None:
+        if layout.skips(key):
+            return None
+        if key in layout.heads:
+            return layout.heads[0]
+        if key.startswith(prefix):
+            return layout.body + key[len(prefix):]
+        return key
+
+    plan, _, problems = _plan(holder, header, to_canonical, layout.to_file(header))
+    if problems:
+        raise CheckpointError(f"{source}: the checkpoint does not match its config "
+                              f"({hf_config.get('model_type')}); nothing was loaded.\n"
+                              + "\n".join(problems))
+    return CheckedCheckpoint(family, config, model, canonical, header, holder, plan)
 
 def _tie(family: Family, config: object) -> tuple[str, str] | None:
     if not config.tie_weights:  # type: ignore[attr-defined]

@@ -32,9 +32,9 @@ from handformer.distributed import parallelize
 from handformer.distributed.shards import agree
 from handformer.models.causal_lm import CausalLM, read_config
 from handformer.pretrained import lm
-from handformer.pretrained.families import HANDFORMER_TYPE, family_for
+from handformer.pretrained.families import HANDFORMER_TYPE
 from handformer.pretrained.folders import read_config_json
-from handformer.weights import CheckpointError, _plan
+from handformer.weights import CheckpointError
 
 __all__ = ["load_sharded"]
 
@@ -115,30 +115,9 @@ def _checked(hf_config: dict, state: object, source: str
              ) -> tuple[CausalLM, dict[str, tuple[str, object]]]:
     """:func:`~handformer.pretrained.build_causal_lm`'s checks, reading nothing: the model on
     ``meta`` and, per parameter, ``(checkpoint key, transform or None)``."""
-    family = family_for(hf_config.get("model_type"))
-    config = family.config_from_hf(dict(hf_config))
-    with lm._parameters_on_meta():
-        model = CausalLM(config)
-    canonical = family.key_map(config)
-    ours = dict(model.named_parameters())
-    header = lm._header_of(state)  # type: ignore[arg-type]
-    holder = lm._holder(lm._file_shapes(family, config, canonical, ours),
-                        lm._tie(family, config))
-    layout = family.layout
-    prefix = layout.prefix_of(header)
-
-    def to_canonical(key: str) -> str | None:
-        if layout.skips(key):
-            return None
-        if key in layout.heads:
-            return layout.heads[0]
-        return layout.body + key[len(prefix):] if key.startswith(prefix) else key
-
-    plan, _, problems = _plan(holder, header, to_canonical, layout.to_file(header))
-    if problems:
-        raise CheckpointError(f"{source}: the checkpoint does not match its config "
-                              f"({hf_config.get('model_type')}); nothing was loaded.\n"
-                              + "\n".join(problems))
+    checked = lm.check_against_config(hf_config, state, source)
+    model, canonical, holder, plan = (checked.model, checked.canonical, checked.holder,
+                                      checked.plan)
     aliases = {n: group[0] for group in lm._alias_groups(holder) for n in group}
     where = {}
     for file_key, target, _ in plan:
