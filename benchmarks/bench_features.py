@@ -78,6 +78,7 @@ def _train(source: str, corpus: str, at: str, options: dict, out: Path, *,
 
 def bench_sae(plan: dict, tmp: Path, source: str, corpus: str, at: str, key: str) -> dict:
     r = _train(source, corpus, at, plan[key], tmp / key)
+    r["measured"] = common.machine_line() + f" · load average {os.getloadavg()[0]:.1f}"
     m = r["metrics"][at]
     r["goals"] = {"minutes": plan["minutes"][key], "explained_variance": GOALS["ev"],
                   "dead_fraction": GOALS["dead"], "ce_loss_recovered": GOALS["ce"]}
@@ -95,6 +96,7 @@ def bench_transcoders(plan: dict, quick: bool) -> dict:
     if out.exists() and any(out.iterdir()):
         raise SystemExit(f"{out} exists: remove it to rebuild the transcoders")
     r = _train(SHIPPED_SMOLLM2, "en", "all", plan["transcoders"], out, transcoder=True)
+    r["measured"] = common.machine_line() + f" · load average {os.getloadavg()[0]:.1f}"
     evs = {a: m["explained_variance"] for a, m in r["metrics"].items()}
     r["min_explained_variance"] = min(evs.values())
     r["goals"] = {"minutes": plan["minutes"]["transcoders"], "each_explained_variance":
@@ -186,7 +188,7 @@ def _markdown(data: dict) -> str:
         if key in data:
             r = data[key]
             m = next(iter(r["metrics"].values()))
-            lines += [f"## {title}", "", f"`{r['command']}`", "",
+            lines += [f"## {title}", "", f"`{r['command']}`", "", r.get("measured", ""), "",
                       "| tokens | wall | activations tok/s | training tok/s | EV | L0 | dead | "
                       "dense | CE recovered (zero) | CE recovered (mean) | KL | goals met |",
                       "|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -199,7 +201,7 @@ def _markdown(data: dict) -> str:
     if "transcoders" in data:
         r = data["transcoders"]
         lines += ["## Transcoders, every SmolLM2 layer, one streaming pass", "",
-                  f"`{r['command']}`", "",
+                  f"`{r['command']}`", "", r.get("measured", ""), "",
                   f"{r['tokens']:,} tokens in {r['wall_s'] / 60:.1f} min; activations "
                   f"{r['activations_tokens_per_s']:,.0f} tok/s, training "
                   f"{r['training_tokens_per_s']:,.0f} tok/s; lowest explained variance "
@@ -237,7 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     common.QUICK = quick  # write_results sends quick results to a temporary folder
     plan = _plan(quick)
     stages = args.only.split(",")
-    data: dict = {"machine": common.machine(), "quick": quick}
+    data: dict = {"quick": quick}
+    previous = common.RESULTS / "features.json"
+    if not quick and previous.exists():  # stages run one at a time keep the others' results
+        data = {k: v for k, v in json.loads(previous.read_text()).items()
+                if k not in stages}
+    data.update({"machine": common.machine(), "quick": quick})
     with tempfile.TemporaryDirectory() as tmp:
         if "sae" in stages:
             data["sae"] = bench_sae(plan, Path(tmp), SHIPPED_SMOLLM2, "en",
