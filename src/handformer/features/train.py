@@ -434,14 +434,12 @@ def _fit(sites: list[Site], source: object, config: SAETrainConfig, out: Path | 
                 group["lr"] = lr_at(step)
             optimizer.zero_grad(set_to_none=True)
             parts_all = {}
-            total = None
             for s, (at, td) in zip(sites, dset.items(), strict=True):
                 x, y = acts[s.at]
                 loss, parts = td.losses(x, y, dead_after=dead_after, k_aux=k_aux,
                                         aux_coeff=config.aux_coeff, l1_coeff=config.l1_coeff)
-                total = loss if total is None else total + loss
+                loss.backward()  # one site's graph at a time (their parameters are disjoint)
                 parts_all[at] = parts
-            total.backward()
             _average_gradients(params, info)
             for _, td in dset.items():
                 project_decoder_grad(td.W_dec)
