@@ -121,7 +121,7 @@ class ReplacementModel:
                              f"{tuple(ids.shape)}")
         self.model = model
         self.ids = ids[0]
-        self.layers = list(model.layers)
+        self.layers = list(model.blocks)
         self.n_layers = len(self.layers)
         self.transcoders = per_layer(transcoders, self.n_layers)
         width = model.lm_head.in_features
@@ -132,7 +132,7 @@ class ReplacementModel:
         self.final_name = ("ln_final.hook_normalized" if getattr(model, "norm", None) is not None
                            else f"blocks.{self.n_layers - 1}.hook_resid_post")
         mlp_in: dict[int, Tensor] = {}
-        handles = [layer.ff.register_forward_pre_hook(
+        handles = [layer.mlp.register_forward_pre_hook(
             lambda module, args, i=i: mlp_in.__setitem__(i, args[0].detach()))
             for i, layer in enumerate(self.layers)]
         try:
@@ -224,7 +224,7 @@ class ReplacementModel:
             spec[name] = lambda t, n: captured.__setitem__(n, t)
         for i in range(self.n_layers):
             spec[f"blocks.{i}.hook_mlp_out"] = mlp_out(i)
-        handles = [layer.ff.register_forward_pre_hook(
+        handles = [layer.mlp.register_forward_pre_hook(
             lambda module, args, i=i: mlp_in.__setitem__(i, args[0]))
             for i, layer in enumerate(self.layers)]
         try:

@@ -25,7 +25,7 @@ Which methods add up, and which are lenses:
 * :func:`accumulated_resid` returns the residual stream *so far* at each depth; with
   ``apply_ln=True`` each entry is normalised with its own divisor (a logit lens): the entries
   are not parts of a sum and their attributions do not add up to anything.
-* With sandwich norms (Gemma: a norm after each sublayer, ``post_attn_norm``), a head's result
+* With sandwich norms (Gemma: a norm after each sublayer, ``ln1_post``), a head's result
   is taken through that norm with its divisor frozen at the cached value
   (``blocks.{l}.ln1_post.hook_scale``) times its weight, so the heads of a layer still add up
   to ``hook_attn_out``.
@@ -178,10 +178,10 @@ def _norm_and_scale(cache: ActivationCache, layer: int, mlp_input: bool
     if layer == N:
         return (getattr(model, "norm", None), "ln_final.hook_scale",
                 f"blocks.{N - 1}.hook_resid_post")
-    block = model.layers[layer]
+    block = model.blocks[layer]
     if mlp_input:
-        return block.norm3, f"blocks.{layer}.ln2.hook_scale", f"blocks.{layer}.hook_resid_mid"
-    return block.norm1, f"blocks.{layer}.ln1.hook_scale", f"blocks.{layer}.hook_resid_pre"
+        return block.ln2, f"blocks.{layer}.ln2.hook_scale", f"blocks.{layer}.hook_resid_mid"
+    return block.ln1, f"blocks.{layer}.ln1.hook_scale", f"blocks.{layer}.hook_resid_pre"
 
 
 def _stack_value(stack: Any) -> tuple[Tensor, list[str] | None]:
@@ -359,8 +359,8 @@ def _head_results(cache: ActivationCache, layer: int, pos_slice: PosSlice) -> Te
     divisor frozen (cached ``ln1_post.hook_scale``, or recomputed from the heads' sum).
     """
     model = _model(cache)
-    block = model.layers[layer]
-    attn = block.self_attn
+    block = model.blocks[layer]
+    attn = block.attn
     name = f"blocks.{layer}.attn.hook_result"
     if name in cache:
         result = apply_pos_slice(cache[name], pos_slice, dim=-3)  # (B, L', H, E)
@@ -373,7 +373,7 @@ def _head_results(cache: ActivationCache, layer: int, pos_slice: PosSlice) -> Te
         w_o = attn.out_proj.weight.detach().to(z.device, dtype)  # (E, H*D)
         w_o = w_o.view(w_o.shape[0], H, D)  # (E, H, D)
         result = torch.einsum("...hd,ehd->...he", z.to(dtype), w_o)  # (B, L', H, E)
-    post = getattr(block, "post_attn_norm", None)
+    post = getattr(block, "ln1_post", None)
     if post is None:
         return result
     kind = _norm_kind(post)
