@@ -200,7 +200,7 @@ def test_cache_errors() -> None:
     with pytest.raises(ValueError, match="window_size must be a positive integer"):
         WindowKVCache(0)
     linear = hf.MultiHeadAttention(16, 2, attention=make(attention="linear").layers[0]
-                                   .self_attn.attention)
+                                   .attn.attention)
     with pytest.raises(ValueError, match="no per-key weights"):
         linear(x, causal=True, cache=LinearStateCache(), need_weights=True)
     model = make()

@@ -95,7 +95,7 @@ def test_float64_hand_computation_of_q_k_v_scores_pattern_z() -> None:
     keep = torch.ones(2, 1, 1, L, dtype=torch.bool)
     keep[1, ..., 3:] = False
     _, cache = run_with_cache(enc, x, keep)
-    mha = enc.layers[1].self_attn
+    mha = enc.blocks[1].attn
     h = cache["blocks.1.hook_resid_pre"]
     torch.testing.assert_close(h, cache["blocks.0.hook_resid_post"], atol=0, rtol=0)
 
@@ -139,7 +139,7 @@ def test_every_kind_gives_its_pattern_and_the_same_output_on_the_explicit_path(
     for i in range(2):
         torch.testing.assert_close(cache["pattern", i], fast.attentions[i], atol=ATOL, rtol=0)
     scores = cache["attn_scores", 0]
-    allowed = enc.layers[0].self_attn.attention.pattern(9, 9, causal=causal)
+    allowed = enc.blocks[0].attn.attention.pattern(9, 9, causal=causal)
     if allowed is not None:
         blocked = scores[:, :, ~allowed]
         assert bool((blocked == (0 if kind == "linear" else -math.inf)).all())

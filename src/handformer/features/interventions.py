@@ -47,7 +47,7 @@ class Intervention:
 def _logits(model: nn.Module, ids: Tensor, spec: dict[str, Any], graph: AttributionGraph
             ) -> Tensor:
     """The graph's logit targets in a run of the real model with ``spec``'s hooks."""
-    final_name = ("ln_final.hook_normalized" if getattr(model, "norm", None) is not None
+    final_name = ("ln_final.hook_normalized" if getattr(model, "ln_final", None) is not None
                   else f"blocks.{len(model.blocks) - 1}.hook_resid_post")
     final: list[Tensor] = []
     spec = dict(spec)

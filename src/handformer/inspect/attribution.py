@@ -94,7 +94,7 @@ def _compute_dtype(t: Tensor) -> torch.dtype:
 def _model(cache: ActivationCache) -> nn.Module:
     """The cache's model, checked to be a causal LM with an additive residual stream."""
     model = cache.model
-    if model is None or not hasattr(model, "layers") or not hasattr(model, "lm_head"):
+    if model is None or not hasattr(model, "blocks") or not hasattr(model, "lm_head"):
         raise TypeError(f"direct logit attribution needs a cache of a causal language model "
                         f"(CausalLM: layers, final norm, lm_head), got "
                         f"{type(model).__name__}; use run_with_cache(model, ...)")
@@ -176,7 +176,7 @@ def _norm_and_scale(cache: ActivationCache, layer: int, mlp_input: bool
     model = _model(cache)
     N = cache.num_layers
     if layer == N:
-        return (getattr(model, "norm", None), "ln_final.hook_scale",
+        return (getattr(model, "ln_final", None), "ln_final.hook_scale",
                 f"blocks.{N - 1}.hook_resid_post")
     block = model.blocks[layer]
     if mlp_input:
@@ -468,7 +468,7 @@ def tokens_to_residual_directions(model: nn.Module, tokens: Any) -> Tensor:
     head = model.lm_head.weight.detach()  # (V, E)
     ids = _token_ids(tokens, head.shape[0], "tokens").to(head.device)
     rows = head[ids].to(_compute_dtype(head))  # (..., E)
-    weight = _norm_weight(getattr(model, "norm", None), rows)
+    weight = _norm_weight(getattr(model, "ln_final", None), rows)
     return rows if weight is None else rows * weight
 
 
@@ -477,7 +477,7 @@ def _bias_of(model: nn.Module, ids: Tensor) -> Tensor:
     head = model.lm_head
     dtype = _compute_dtype(head.weight)
     out = torch.zeros(ids.shape, dtype=dtype, device=head.weight.device)
-    norm_bias = getattr(getattr(model, "norm", None), "bias", None)
+    norm_bias = getattr(getattr(model, "ln_final", None), "bias", None)
     if norm_bias is not None:
         out = out + head.weight.detach()[ids].to(dtype) @ norm_bias.detach().to(dtype)
     if head.bias is not None:

@@ -47,11 +47,11 @@ class LogitLens:
 def _unembed(model: nn.Module) -> tuple[nn.Module | None, nn.Module]:
     """The final norm (or None) and the unembedding of a causal LM."""
     head = getattr(model, "lm_head", None)
-    if not isinstance(head, nn.Module) or not hasattr(model, "layers"):
+    if not isinstance(head, nn.Module) or not hasattr(model, "blocks"):
         raise TypeError(f"logit_lens needs a causal language model (CausalLM, GPT-2) with a "
                         f"final norm and an lm_head, got {type(model).__name__}; for encoders "
                         f"use similarity_lens")
-    return getattr(model, "norm", None), head
+    return getattr(model, "ln_final", None), head
 
 
 def lens_logits(model: nn.Module, input_ids: Tensor, *, layers: Sequence[int] | None = None,
