@@ -129,7 +129,8 @@ class ReplacementModel:
             if tc is not None and (tc.d_in != width or tc.d_out != width):
                 raise ValueError(f"transcoders[{i}] has d_in = {tc.d_in}, d_out = {tc.d_out}; "
                                  f"the model's MLP input and output have width {width}")
-        self.final_name = ("ln_final.hook_normalized" if getattr(model, "ln_final", None) is not None
+        self.final_name = ("ln_final.hook_normalized"
+                           if getattr(model, "ln_final", None) is not None
                            else f"blocks.{self.n_layers - 1}.hook_resid_post")
         mlp_in: dict[int, Tensor] = {}
         handles = [layer.mlp.register_forward_pre_hook(
