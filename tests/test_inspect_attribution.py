@@ -198,7 +198,7 @@ def modern(*, gemma: bool, seed: int = 7) -> hf.CausalLM:
 
 def pre_cap_logits(model: hf.CausalLM, cache: object) -> torch.Tensor:
     """The logits before the final soft-cap, from the final stream through the modules."""
-    return model.lm_head(model.norm(cache["resid_post", -1]))
+    return model.lm_head(model.ln_final(cache["resid_post", -1]))
 
 
 @pytest.mark.parametrize("gemma", [False, True], ids=["llama", "gemma"])
