@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from handformer import CausalLM, Transformer
 from handformer.legacy_names import legacy_key_map
-from handformer.pretrained import BertModel, load_lm
+from handformer.pretrained import BertConfig, BertModel, load_lm
 from handformer.weights import CheckpointError, load_safetensors
 
 DATA = Path(__file__).parent / "data" / "legacy_names"
@@ -107,6 +107,24 @@ def test_bert_folder_loads(outputs) -> None:  # noqa: ANN001
     with torch.no_grad():
         hidden = model(inputs()["ids"]).last_hidden_state
     torch.testing.assert_close(hidden, outputs["bert"], rtol=0, atol=1e-6)
+
+
+def test_bert_state_dict_with_old_keys_loads() -> None:
+    """BertModel's own state dict before the rename had ``encoder.layers.{i}.self_attn...``;
+    ``load_state_dict`` reads it (the blocks now sit at the top, as TransformerLens'
+    HookedEncoder has them)."""
+    config = BertConfig(vocab_size=11, hidden_size=8, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=16)
+    model = BertModel(config).eval()
+    inverse = {new: old for old, new in legacy_key_map(model).items()}
+    assert inverse["blocks.1.attn.q_proj.weight"] == "encoder.layers.1.self_attn.q_proj.weight"
+    assert inverse["blocks.0.ln2.bias"] == "encoder.layers.0.norm2.bias"
+    old = {inverse.get(k, k): v for k, v in model.state_dict().items()}
+    again = BertModel(config).eval()
+    again.load_state_dict(old, strict=True)
+    ids = inputs()["ids"]
+    with torch.no_grad():
+        assert torch.equal(again(ids).last_hidden_state, model(ids).last_hidden_state)
 
 
 def test_train_run_loads_and_resumes(tmp_path: Path, outputs) -> None:  # noqa: ANN001
