@@ -123,7 +123,7 @@ def test_a_transcoder_is_evaluated_on_the_mlp_output_from_the_mlp_input() -> Non
     m = evaluate_dictionary(lm, tc, ids, at="blocks.0.hook_mlp_out")
     # by hand: the MLP's input is the pre-MLP norm of the residual stream after attention
     seen = {}
-    h = lm.layers[0].ff.register_forward_pre_hook(lambda mod, a: seen.update(x=a[0]))
+    h = lm.blocks[0].mlp.register_forward_pre_hook(lambda mod, a: seen.update(x=a[0]))
     try:
         _, cache = run_with_cache(lm, ids, names="blocks.0.hook_mlp_out")
     finally:

@@ -110,9 +110,9 @@ def test_safetensors_folder_loads_quantized_with_the_same_names(llama_dir: Path)
     floats = {n for n, p in q.named_parameters()}
     assert floats == {n for n in dict(fp.named_parameters())
                       if not (n.endswith(".weight") and n[:-7] in linears)}
-    assert q.layers[0].self_attn.q_proj.bias is not None  # loaded after its weight
-    torch.testing.assert_close(q.layers[0].self_attn.q_proj.bias,
-                               fp.layers[0].self_attn.q_proj.bias)
+    assert q.blocks[0].attn.q_proj.bias is not None  # loaded after its weight
+    torch.testing.assert_close(q.blocks[0].attn.q_proj.bias,
+                               fp.blocks[0].attn.q_proj.bias)
     for name in linears:
         torch.testing.assert_close(q.get_submodule(name).weight.double(),
                                    _reference_weight(fp.get_submodule(name).weight))
@@ -189,7 +189,7 @@ def test_hooks_and_cache_see_the_float_activations(smollm2, smollm2_int8):
     # residual through the final norm's weight and W_U gives the model's logits back.
     with torch.no_grad():
         resid = cache.accumulated_resid(apply_ln=True)[-1, 0, -1]  # (E,)
-        direct = (resid * smollm2_int8.norm.weight) @ smollm2_int8.lm_head.weight.T  # (V,)
+        direct = (resid * smollm2_int8.ln_final.weight) @ smollm2_int8.lm_head.weight.T  # (V,)
     assert float((direct - out.logits[0, -1]).abs().max()) < 0.01
 
 
@@ -232,6 +232,6 @@ def test_serve_state_loads_int8_and_its_variants_share_the_weights(llama_tok_dir
 
     state = ModelState(str(llama_tok_dir), quantize="int8")
     local = state.variant(AttentionChoice("local", window_size=3))
-    base_q = state.model.layers[0].self_attn.q_proj
+    base_q = state.model.blocks[0].attn.q_proj
     assert type(base_q) is Int8Linear
-    assert local.layers[0].self_attn.q_proj._packed is base_q._packed
+    assert local.blocks[0].attn.q_proj._packed is base_q._packed

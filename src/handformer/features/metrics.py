@@ -257,7 +257,7 @@ def _spliced_logits(model: nn.Module, dictionary: Dictionary, site: Site, ids: T
     def pre(module: nn.Module, args: tuple) -> None:
         seen["x"] = args[0]
 
-    handle = model.layers[site.layer].ff.register_forward_pre_hook(pre)
+    handle = model.blocks[site.layer].mlp.register_forward_pre_hook(pre)
     try:
         return _with(model, hooks, _replace(site.at, None, lambda t: dictionary(seen["x"])), ids)
     finally:

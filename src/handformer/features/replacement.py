@@ -121,7 +121,7 @@ class ReplacementModel:
                              f"{tuple(ids.shape)}")
         self.model = model
         self.ids = ids[0]
-        self.layers = list(model.layers)
+        self.layers = list(model.blocks)
         self.n_layers = len(self.layers)
         self.transcoders = per_layer(transcoders, self.n_layers)
         width = model.lm_head.in_features
@@ -129,10 +129,11 @@ class ReplacementModel:
             if tc is not None and (tc.d_in != width or tc.d_out != width):
                 raise ValueError(f"transcoders[{i}] has d_in = {tc.d_in}, d_out = {tc.d_out}; "
                                  f"the model's MLP input and output have width {width}")
-        self.final_name = ("ln_final.hook_normalized" if getattr(model, "norm", None) is not None
+        self.final_name = ("ln_final.hook_normalized"
+                           if getattr(model, "ln_final", None) is not None
                            else f"blocks.{self.n_layers - 1}.hook_resid_post")
         mlp_in: dict[int, Tensor] = {}
-        handles = [layer.ff.register_forward_pre_hook(
+        handles = [layer.mlp.register_forward_pre_hook(
             lambda module, args, i=i: mlp_in.__setitem__(i, args[0].detach()))
             for i, layer in enumerate(self.layers)]
         try:
@@ -224,7 +225,7 @@ class ReplacementModel:
             spec[name] = lambda t, n: captured.__setitem__(n, t)
         for i in range(self.n_layers):
             spec[f"blocks.{i}.hook_mlp_out"] = mlp_out(i)
-        handles = [layer.ff.register_forward_pre_hook(
+        handles = [layer.mlp.register_forward_pre_hook(
             lambda module, args, i=i: mlp_in.__setitem__(i, args[0]))
             for i, layer in enumerate(self.layers)]
         try:
