@@ -248,6 +248,37 @@ class CausalLM(LegacyNames, CausalLMViews, nn.Module):
         logits = soft_cap(self.lm_head(x), self.config.final_softcap)  # (B, L, V)
         return logits, (tuple(attentions) if need_weights else None)
 
+    def run_from(self, resid: Tensor, positions: Tensor, *, start: int) -> Tensor:
+        """The rest of a forward pass from block ``start``'s input: the logits ``(B, L, V)``.
+
+        TransformerLens' ``start_at_layer``: blocks ``start..`` run (their hooks with them),
+        then the final norm and the head. For patching and ablation at a late layer, the
+        layers before it need not run again: a dictionary's evaluation splices it in three
+        ways per batch (:func:`handformer.features.evaluate_dictionaries`).
+
+        Args:
+            resid: ``(B, L, E)``: what ``blocks.{start}.hook_resid_pre`` held (for ``start``
+                equal to the number of blocks, the last block's ``hook_resid_post``).
+            positions: ``(B, L)`` token positions (``arange(L)`` for unpadded windows).
+            start: the first block to run, ``0 <= start <= len(blocks)``.
+
+        Returns:
+            ``(B, L, V)`` logits (after the final soft-cap, as :meth:`forward`'s).
+
+        Raises:
+            ValueError: for ``start`` outside ``[0, len(blocks)]``.
+        """
+        n = len(self.blocks)
+        if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= n:
+            raise ValueError(f"start must be an int in [0, {n}] (the blocks), got {start!r}")
+        with shared_tables():
+            for layer in self.blocks[start:]:
+                resid, _, _ = layer.forward_with_weights(resid, causal=True, need_weights=False,
+                                                         positions=positions)
+        if self.ln_final is not None:
+            resid = self.ln_final(resid)
+        return soft_cap(self.lm_head(resid), self.config.final_softcap)  # (B, L, V)
+
     def _layers(self, x: Tensor, mask: Tensor | None, positions: Tensor,
                 cache: DecodingCache | None, need_weights: bool
                 ) -> tuple[Tensor, list[Tensor | None]]:
