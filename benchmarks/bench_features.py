@@ -180,6 +180,10 @@ def bench_load() -> dict:
             "met": best["seconds"] <= GOALS["load_s"] and ratio <= GOALS["rss"]}
 
 
+def _minutes(seconds: float | None) -> str:
+    return "?" if seconds is None else f"{seconds / 60:.1f}"
+
+
 def _markdown(data: dict) -> str:
     lines = ["# Features benchmark", "", common.machine_line(), ""]
     if data.get("quick"):
@@ -196,18 +200,19 @@ def _markdown(data: dict) -> str:
                       "dense | CE recovered (zero) | CE recovered (mean) | KL | goals met |",
                       "|---|---|---|---|---|---|---|---|---|---|---|---|",
                       f"| {r['tokens']:,} | {r['train_s'] / 60:.1f} min (+ "
-                      f"{r['eval_s'] / 60:.1f}) | "
+                      f"{_minutes(r['eval_s'])}) | "
                       f"{r['activations_tokens_per_s']:,.0f} | {r['training_tokens_per_s']:,.0f}"
                       f" | {m['explained_variance']:.3f} | {m['l0']:.1f} | "
                       f"{m['dead_fraction']:.1%} | {m['dense_fraction']:.1%} | "
                       f"{m['ce_loss_recovered']:.1%} | {m['ce_loss_recovered_mean']:.1%} | "
-                      f"{m['kl']:.4f} | {'yes' if r['met'] else 'no'} |", ""]
+                      f"{m['kl']:.4f} | {'yes' if r['met'] else 'no'} |", "",
+                      r.get("note", ""), ""]
     if "transcoders" in data:
         r = data["transcoders"]
         lines += ["## Transcoders, every SmolLM2 layer, one streaming pass", "",
                   f"`{r['command']}`", "", r.get("measured", ""), "",
                   f"{r['tokens']:,} tokens in {r['train_s'] / 60:.1f} min (evaluation "
-                  f"{r['eval_s'] / 60:.1f} min more); activations "
+                  f"{_minutes(r['eval_s'])} min more); activations "
                   f"{r['activations_tokens_per_s']:,.0f} tok/s, training "
                   f"{r['training_tokens_per_s']:,.0f} tok/s; lowest explained variance "
                   f"{r['min_explained_variance']:.3f}; goals met: "
