@@ -103,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
     for model in args.model or [None]:  # another model_type: one line naming what is read
         is_causal_model(None if model in ("", BUNDLED) else model, "serve")
+    files = _graph_files(args)
     loopback = args.host in LOOPBACK
     if not loopback:
         sys.stderr.write(f"warning: --host {args.host} lets other machines reach this server "
@@ -132,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
                 features = load_feature_set(args.dictionary, state)
             except ValueError as exc:
                 raise UsageError(f"--dictionary {exc}") from None
-        graphs = _graph_set(args, state)
+        graphs = _graph_set(args, state, files)
         hosts = None
         if loopback:
             hosts = {f"{h}:{port}" for h in ("127.0.0.1", "localhost", "[::1]")}
@@ -166,14 +167,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _graph_set(args: argparse.Namespace, state: object) -> object:
-    """The graphs of ``--graph`` and the transcoders of ``--transcoders`` (None without
-    either); a file that is not a graph, or transcoders that do not fit, is a UsageError."""
-    if not args.graph and not args.transcoders:
-        return None
+def _graph_files(args: argparse.Namespace) -> list[tuple[str, object]]:
+    """``--graph``'s files, read before any model loads (a file that is not a graph is a
+    UsageError naming the file and the field)."""
     from handformer.features import load_graph_json
-    from handformer.features.transcoder_set import load_transcoder_set
-    from handformer.serve.graph import GraphSet
 
     files = []
     for path in args.graph or []:
@@ -181,6 +178,19 @@ def _graph_set(args: argparse.Namespace, state: object) -> object:
             files.append((os.path.basename(path), load_graph_json(path)))
         except ValueError as exc:  # GraphFileError names the file and the field
             raise UsageError(f"--graph {' '.join(str(exc).split())}") from None
+    return files
+
+
+def _graph_set(args: argparse.Namespace, state: object, files: list[tuple[str, object]]
+               ) -> object:
+    """The graphs of ``--graph`` and the transcoders of ``--transcoders`` (None without
+    either); transcoders that do not fit the model (or a graph that does not fit them) are a
+    UsageError."""
+    if not files and not args.transcoders:
+        return None
+    from handformer.features.transcoder_set import load_transcoder_set
+    from handformer.serve.graph import GraphSet
+
     transcoders = None
     if args.transcoders:
         try:
