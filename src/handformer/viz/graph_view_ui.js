@@ -29,7 +29,7 @@ function legend(parent) {
   [["feature", "feature"], ["error", "error node (what the transcoder misses)"],
    ["embedding", "token embedding"], ["logit", "logit"], ["super", "supernode"]].forEach(function (k) {
     const s = sel("svg", { width: 22, height: 20, class: "gv-key" });
-    const g = sel("g", { class: "gv-node gv-" + k[0] }, s);
+    const g = sel("g", { class: "gv-keynode gv-" + k[0] }, s);
     shapeOf({ kind: k[0], x: 11, y: 11 }, g);
     p.appendChild(s);
     p.appendChild(hel("span", null, k[1] + "  "));
@@ -77,7 +77,8 @@ function edgeList(box, label, list, other) {
   list.slice(0, 8).forEach(function (e) {
     const it = other(e);
     const c = p.appendChild(hel("span", "gv-chip " + (e.w > 0 ? "gv-pos" : "gv-neg"),
-      (it.kind === "super" ? it.name : it.node.label) + " " + (e.w > 0 ? "+" : "") + num(e.w)));
+      (it.kind === "super" ? it.name : it.node.label + " @" + it.node.pos) + " " +
+      (e.w > 0 ? "+" : "") + num(e.w)));
     c.dataset.key = it.key;
   });
 }
