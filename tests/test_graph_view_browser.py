@@ -151,7 +151,8 @@ def test_saved_page_prunes_as_python_does(driver, tmp_path):
     for nt, et in ((0.5, 0.9), (0.8, 0.98), (0.3, 0.7), (0.95, 0.99)):
         got = driver.execute_script("""
             var G = hfGraph.views[0].state.G, r = hfGraph.prune(G, arguments[0], arguments[1]);
-            return [G.nodes.filter(function (n) { return r.nodes[n.i]; }).map(function (n) { return n.id; }),
+            return [G.nodes.filter(function (n) { return r.nodes[n.i]; })
+                      .map(function (n) { return n.id; }),
                     G.edges.filter(function (e, k) { return r.edges[k]; })
                       .map(function (e) { return G.nodes[e.t].id + "<" + G.nodes[e.s].id; })];
             """, nt, et)
