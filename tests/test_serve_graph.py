@@ -18,6 +18,8 @@ from handformer.features import (  # noqa: E402
     AttributionGraph,
     Transcoder,
     attribution_graph,
+    feature_logit_effects,
+    graph_feature_cards,
     graph_view_data,
     load_graph_json,
     load_transcoder_set,
@@ -251,3 +253,25 @@ def test_graphs_that_do_not_fit_the_transcoders(setup):
     with pytest.raises(ValueError, match=r"transcoders\[0\] has d_in = 8, d_out = 8; the "
                                          "model's MLP input and output have width 32"):
         GraphSet(state, [tiny_transcoder(0, d=8), None])
+
+
+def test_graph_feature_cards_for_a_saved_page():
+    from graph_util import GPT2, tiny
+
+    model, tcs, ids = tiny(GPT2)
+    graph = attribution_graph(model, tcs, ids, max_feature_nodes=5)
+    torch.manual_seed(0)
+    cards = graph_feature_cards(model, tcs, graph, torch.randint(0, 40, (2000,)), tokens=500,
+                                nodes=[0, 1], k=3, top_tokens=4)
+    want = {f"{layer}_{f}" for layer, _, f in graph.features[:2].tolist()}
+    assert set(cards) == want
+    for key, card in cards.items():
+        layer, f = map(int, key.split("_"))
+        values = [c["activation"] for c in card["contexts"]]
+        assert 0 < len(values) <= 3 and values == sorted(values, reverse=True)
+        assert 0 < card["density"] <= 1 and card["tokens_seen"] > 0
+        assert len(card["promoted"]) == len(card["suppressed"]) == 4
+        top = [int(t["token"]) for t in card["promoted"]]  # no tokenizer: the ids as text
+        assert top == feature_logit_effects(model, tcs[layer], f, k=4).top_ids.tolist()
+    with pytest.raises(ValueError, match="nodes: 99 is not a feature node"):
+        graph_feature_cards(model, tcs, graph, torch.zeros(100, dtype=torch.long), nodes=[99])

@@ -169,7 +169,8 @@ def save_graph_html(graph: AttributionGraph, path: str | os.PathLike, *,
 def graph_feature_cards(model: nn.Module, transcoders: Any, graph: AttributionGraph,
                         corpus: object, *, tokenizer: object = None,
                         nodes: Sequence[int] | None = None, tokens: int = 20_000,
-                        k: int = 8, top_tokens: int = 8) -> dict[str, dict[str, Any]]:
+                        context: int = 64, k: int = 8, top_tokens: int = 8
+                        ) -> dict[str, dict[str, Any]]:
     """Cards for the graph's feature nodes, for :func:`save_graph_html`: each feature's
     top-activating contexts in ``corpus`` (:func:`~handformer.features.feature_cards`) and
     the tokens its decoder row promotes and suppresses
@@ -183,6 +184,7 @@ def graph_feature_cards(model: nn.Module, transcoders: Any, graph: AttributionGr
         tokenizer: for the contexts' text and the tokens' labels.
         nodes: the feature nodes (indices into the graph) to make cards for; default all.
         tokens: corpus tokens read per layer.
+        context: the window length (at most the model's context).
         k: contexts per card.
         top_tokens: tokens listed each way.
 
@@ -212,7 +214,8 @@ def graph_feature_cards(model: nn.Module, transcoders: Any, graph: AttributionGr
     for layer, feats in sorted(by_layer.items()):
         tc = tcs[layer]
         made = feature_cards(model, tc, corpus, feats, at=f"blocks.{layer}.hook_mlp_out",
-                             tokens=tokens, k=k, tokenizer=tokenizer)
+                             tokens=tokens, k=k, tokenizer=tokenizer, context=min(
+                                 context, getattr(model.config, "max_len", context)))
         for f, card in zip(feats, made, strict=True):
             effects = feature_logit_effects(model, tc, f, k=top_tokens, tokenizer=tokenizer)
             label = (effects.top_tokens, effects.bottom_tokens) if tokenizer is not None else (
