@@ -275,3 +275,27 @@ def test_graph_feature_cards_for_a_saved_page():
         assert top == feature_logit_effects(model, tcs[layer], f, k=4).top_ids.tolist()
     with pytest.raises(ValueError, match="nodes: 99 is not a feature node"):
         graph_feature_cards(model, tcs, graph, torch.zeros(100, dtype=torch.long), nodes=[99])
+
+
+def test_graph_work_runs_on_a_private_module_tree(setup, monkeypatch):
+    """The replacement model hooks the MLP modules it is given; another request's forward on
+    the served model while those hooks are there must not reach them."""
+    from handformer.features import replacement
+
+    client, state, tcs, _, _ = setup
+    real = replacement.run_with_cache
+
+    def with_another_request(*args, **kwargs):
+        out = real(*args, **kwargs)
+        with torch.no_grad():  # what a concurrent /api/run does to the served modules
+            state.model(input_ids=torch.tensor([state.tokenizer.encode("zzzz")]))
+        return out
+
+    monkeypatch.setattr(replacement, "run_with_cache", with_another_request)
+    r = client.post("/api/graph/compute", json={"text": TEXT, "max_feature_nodes": 12})
+    monkeypatch.undo()
+    assert r.status_code == 200, r.text
+    ids = torch.tensor(state.tokenizer.encode(TEXT))
+    want = attribution_graph(state.model, tcs, ids, max_feature_nodes=12)
+    _, A = dense(r.json()["view"])
+    assert torch.allclose(A, want.adjacency.double(), rtol=1e-6, atol=1e-9)
