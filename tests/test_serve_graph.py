@@ -299,3 +299,27 @@ def test_graph_work_runs_on_a_private_module_tree(setup, monkeypatch):
     want = attribution_graph(state.model, tcs, ids, max_feature_nodes=12)
     _, A = dense(r.json()["view"])
     assert torch.allclose(A, want.adjacency.double(), rtol=1e-6, atol=1e-9)
+
+
+def test_files_only_and_no_graphs_and_one_at_a_time(setup, tmp_path):
+    _, state, _, file_graph, root = setup
+    files = GraphSet(state, None, [("dog.json", load_graph_json(root / "dog.json"))])
+    with TestClient(create_app(state, graphs=files)) as client:
+        info = client.get("/api/graph").json()
+        assert (info["compute"], info["cards"], [g["id"] for g in info["graphs"]]) == (
+            False, False, ["file-1"])
+        assert client.get("/api/graph/view").json()["metadata"]["slug"] == "file-1"
+        r = client.post("/api/graph/compute", json={"text": TEXT})
+        assert r.status_code == 404 and "--transcoders PATH" in r.json()["error"]
+        assert client.post("/api/graph/card", json={"layer": 0, "feature": 0}).status_code == 404
+    with TestClient(create_app(state)) as client:
+        assert client.get("/api/graph").json()["graphs"] == []
+        r = client.get("/api/graph/view")
+        assert r.status_code == 404 and "handformer serve --graph FILE.json" in r.json()["error"]
+    busy = GraphSet(state, [tiny_transcoder(0), tiny_transcoder(1)])
+    with TestClient(create_app(state, graphs=busy)) as client:
+        busy.busy_since = 0.0
+        with busy._busy:  # a graph being computed
+            r = client.post("/api/graph/compute", json={"text": TEXT})
+        assert r.status_code == 429 and "one at a time" in r.json()["error"]
+        assert client.post("/api/graph/compute", json={"text": TEXT}).status_code == 200

@@ -227,8 +227,9 @@ class GraphSet:
         from handformer.tokenizers.labels import token_labels
 
         if not self._busy.acquire(blocking=False):
-            raise GraphBusy(f"a graph is being computed (for {time.time() - self.busy_since:.0f}"
-                            " s); the server computes one at a time: wait for it")
+            since = self.busy_since or time.time()
+            raise GraphBusy(f"a graph is being computed (for {time.time() - since:.0f} s); the "
+                            "server computes one at a time: wait for it")
         try:
             self.busy_since = time.time()
             start = time.perf_counter()

@@ -262,7 +262,7 @@ function draw(svg, G, set, maxEdges) {
     const cx = box.x0[p] + box.colWidth[p] / 2, cy = box.height - BOTTOM + 22;
     const t = sel("text", { x: cx, y: cy, class: "gv-token", "text-anchor": "end",
                             transform: "rotate(-35 " + cx + " " + cy + ")" }, axes);
-    t.textContent = JSON.stringify(short).slice(1, -1);
+    t.textContent = short.replace(/\n/g, "\\n").replace(/\t/g, "\\t");
     sel("title", {}, t).textContent = p + ": " + tok;
   }
   const shown = set.edges.slice(0, maxEdges);
