@@ -124,6 +124,12 @@ def test_saved_page_collapses_a_supernode_into_summed_edges(driver, tmp_path):
     assert len(drawn_edges(driver, "hf-graph")) == 8  # every edge of the hand-made graph
     nodes = {e.get_attribute("data-key"): e for e in
              driver.find_elements(By.CSS_SELECTOR, "#hf-graph .gv-node")}
+    nodes["0_5_1"].click()  # its three strongest inputs, followed back, and its output
+    lit = driver.execute_script("return Array.from(document.querySelectorAll("
+                                "'#hf-graph .gv-node.gv-on')).map(function (g) "
+                                "{ return g.dataset.key; })")
+    assert sorted(lit) == ["0_3_0", "0_5_1", "2_7_1", "E_11_0", "E_12_1"]
+    assert driver.execute_script(ROOT_JS, "hf-graph", "path") == "5"
     shift_click(driver, [nodes["0_3_0"], nodes["0_5_1"]])
     group(driver, "#hf-graph", "pair")
     wait_for(driver, "return document.getElementById('hf-graph').dataset.supernodes", "1")

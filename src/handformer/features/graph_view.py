@@ -226,6 +226,7 @@ def graph_feature_cards(model: nn.Module, transcoders: Any, graph: AttributionGr
                               "activation": round(c.activation, 4), "source": "corpus"}
                              for c in card.contexts],
                 "density": card.density, "tokens_seen": card.tokens, "texts_seen": 0,
+                "where": "the corpus",
                 "promoted": [{"token": t, "value": round(float(v), 4)}
                              for t, v in zip(label[0], effects.top_values, strict=True)],
                 "suppressed": [{"token": t, "value": round(float(v), 4)}

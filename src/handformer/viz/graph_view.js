@@ -64,7 +64,7 @@ function prepare(data) {
       n.label = n.kind === "feature" ? "L" + n.layer + " #" + n.feature
         : n.kind === "error" ? "error L" + n.layer
         : n.kind === "embedding" ? (meta.prompt_tokens || [])[n.pos] || n.clerp || "token"
-        : n.clerp || "logit " + n.feature;
+        : "logit " + n.feature;  // its clerp (circuit-tracer's text) goes into the card
     }
   });
   const index = new Map(nodes.map(function (n) { return [n.id, n.i]; }));

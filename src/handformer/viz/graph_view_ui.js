@@ -54,7 +54,8 @@ function tokenRow(box, label, list) {
 // the tokens its decoder row promotes and suppresses.
 function featureCard(box, r) {
   box.appendChild(hel("p", "muted", "active on " + (100 * r.density).toFixed(2) + "% of " + r.tokens_seen +
-    " tokens (a built-in sample" + (r.texts_seen ? " and " + r.texts_seen + " texts seen" : "") + ")"));
+    " tokens (" + (r.where || "a built-in sample" + (r.texts_seen ? " and " + r.texts_seen +
+    " prompts graphed here" : "")) + ")"));
   const ctx = box.appendChild(hel("div", "gv-contexts"));
   if (!r.contexts.length) ctx.appendChild(hel("p", "muted", "not active in the texts seen"));
   r.contexts.forEach(function (c) {
