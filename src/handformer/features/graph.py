@@ -59,6 +59,10 @@ class AttributionGraph:
         replacement_score, completeness_score: the paper's scores (:mod:`influence`).
         timings: seconds per stage of :func:`attribution_graph` (``replacement``,
             ``forward``, ``logit_rows``, ``feature_rows``, ``assemble``, ``scores``).
+        prompt_tokens: the prompt's token strings where known (a graph file's
+            ``metadata.prompt_tokens``), else None.
+        supernodes: groups of nodes ``[[name, node_id, ...], ...]`` (a graph file's
+            ``qParams.supernodes``; :func:`~handformer.features.save_graph_json` writes them).
     """
 
     input_ids: Tensor
@@ -76,6 +80,8 @@ class AttributionGraph:
     replacement_score: float = float("nan")
     completeness_score: float = float("nan")
     timings: dict[str, float] = field(default_factory=dict)
+    prompt_tokens: list[str] | None = None
+    supernodes: list[list[str]] = field(default_factory=list)
 
     @property
     def n_features(self) -> int:

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from handformer.features.dictionary import Transcoder
 from handformer.inspect.run import hooks, run_with_cache
 
-__all__ = ["ReplacementModel", "ReplacementOutput", "per_layer"]
+__all__ = ["ReplacementModel", "ReplacementOutput", "per_layer", "check_transcoders"]
 
 
 def per_layer(transcoders: Any, n_layers: int) -> list[Transcoder | None]:
@@ -69,6 +69,28 @@ def per_layer(transcoders: Any, n_layers: int) -> list[Transcoder | None]:
         if tc is not None and not isinstance(tc, Transcoder):
             raise ValueError(f"transcoders[{i}] must be a Transcoder or None, got "
                              f"{type(tc).__name__}")
+    return out
+
+
+def check_transcoders(model: nn.Module, transcoders: Any) -> list[Transcoder | None]:
+    """:func:`per_layer`, and every transcoder reads and writes the model's width.
+
+    Args:
+        model: the causal LM (its ``blocks`` and ``lm_head``).
+        transcoders: a list (one per layer) or a ``{layer: transcoder}`` mapping.
+
+    Returns:
+        One transcoder (or None) per layer.
+
+    Raises:
+        ValueError: as :func:`per_layer`, or naming a transcoder of another width.
+    """
+    out = per_layer(transcoders, len(model.blocks))
+    width = model.lm_head.in_features
+    for i, tc in enumerate(out):
+        if tc is not None and (tc.d_in != width or tc.d_out != width):
+            raise ValueError(f"transcoders[{i}] has d_in = {tc.d_in}, d_out = {tc.d_out}; "
+                             f"the model's MLP input and output have width {width}")
     return out
 
 
@@ -123,12 +145,7 @@ class ReplacementModel:
         self.ids = ids[0]
         self.layers = list(model.blocks)
         self.n_layers = len(self.layers)
-        self.transcoders = per_layer(transcoders, self.n_layers)
-        width = model.lm_head.in_features
-        for i, tc in enumerate(self.transcoders):
-            if tc is not None and (tc.d_in != width or tc.d_out != width):
-                raise ValueError(f"transcoders[{i}] has d_in = {tc.d_in}, d_out = {tc.d_out}; "
-                                 f"the model's MLP input and output have width {width}")
+        self.transcoders = check_transcoders(model, transcoders)
         self.final_name = ("ln_final.hook_normalized"
                            if getattr(model, "ln_final", None) is not None
                            else f"blocks.{self.n_layers - 1}.hook_resid_post")
