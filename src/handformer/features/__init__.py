@@ -68,9 +68,14 @@ from handformer.features.analysis import (  # noqa: E402
     steer,
 )
 from handformer.features.corpus import load_corpus  # noqa: E402
-from handformer.features.metrics import DictionaryMetrics, evaluate_dictionary  # noqa: E402
+from handformer.features.metrics import (  # noqa: E402
+    DictionaryMetrics,
+    evaluate_dictionaries,
+    evaluate_dictionary,
+)
 from handformer.features.train import train_dictionary, train_on_activations  # noqa: E402
 
 __all__ += ["train_dictionary", "train_on_activations", "evaluate_dictionary",
+            "evaluate_dictionaries",
             "DictionaryMetrics", "load_corpus", "steer", "feature_logit_effects",
             "feature_cards", "feature_ablation_sweep", "feature_patching_sweep"]
