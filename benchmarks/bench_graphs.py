@@ -121,20 +121,21 @@ def trained(folder: Path, max_nodes: int, out: Path, corpus_tokens: int) -> None
     import json
 
     from handformer import inspect as hi
-    from handformer.features import load_dictionary
+    from handformer.features import load_transcoder_set
     from handformer.features.stream import ActivationReader, parse_sites
     from handformer.pretrained import load_lm
 
     model, tok = load_lm("smollm2-135m-instruct")
     model.eval()
     n_layers = model.config.num_layers
-    paths = [folder / "dictionaries" / f"blocks.{i}.hook_mlp_out" for i in range(n_layers)]
-    missing = [p.name for p in paths if not p.is_dir()]
-    if missing:
-        raise SystemExit(f"{folder}: no trained transcoder for {missing[0]} ({len(missing)} of "
-                         f"{n_layers} missing); build the set with python "
+    if not folder.is_dir():
+        raise SystemExit(f"{folder}: no such folder; build the set with python "
                          "benchmarks/bench_features.py --only transcoders")
-    trained_set = [load_dictionary(p) for p in paths]
+    trained_set = load_transcoder_set(folder, n_layers=n_layers)
+    missing = [i for i, tc in enumerate(trained_set) if tc is None]
+    if missing:
+        raise SystemExit(f"{folder}: no transcoder for layers {missing} (the chapter's trained "
+                         "set has one per layer)")
     first = trained_set[0]
     print(f"trained set {folder}: {n_layers} transcoders of {first.d_sae} features, "
           f"{first.activation} k={first.k}")
