@@ -74,8 +74,12 @@ def intervene(model: nn.Module, transcoders: Any, graph: AttributionGraph,
         An :class:`Intervention`.
 
     Raises:
-        ValueError: for a node that is not a feature node of the graph.
+        ValueError: for no nodes, or a node that is not a feature node of the graph.
     """
+    nodes = list(nodes)
+    if not nodes:
+        raise ValueError(f"nodes is empty: name at least one of the graph's {graph.n_features} "
+                         "feature nodes (the indices below graph.n_features)")
     for n in nodes:
         if not isinstance(n, int) or not 0 <= n < graph.n_features:
             raise ValueError(f"nodes: {n!r} is not a feature node (0..{graph.n_features - 1})")

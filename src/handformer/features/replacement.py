@@ -99,16 +99,18 @@ class ReplacementOutput:
     """What one run of the replacement computed (``B`` copies of the prompt).
 
     Attributes:
-        logits: ``(B, L, V)`` before any final soft-cap.
+        logits: ``(B, L, V)`` before any final soft-cap (None from ``run(logits=False)``).
+        final: ``(B, L, E)`` what the LM head reads (the final norm's output).
         pre: per layer ``(B, L, F)`` feature pre-activations (None without a transcoder).
         mlp_in: per layer ``(B, L, E)`` the MLP's input in this run.
         captured: hook name -> the value seen there (the names asked for in ``capture``).
     """
 
-    logits: Tensor
+    logits: Tensor | None
     pre: list[Tensor | None]
     mlp_in: list[Tensor]
     captured: dict[str, Tensor]
+    final: Tensor
 
 
 class ReplacementModel:
@@ -187,8 +189,8 @@ class ReplacementModel:
         self.errors = torch.stack(errors)  # (n_layers, 1, L, E)
 
     def run(self, embed: Tensor | None = None, acts: Sequence[Tensor | None] | None = None,
-            errors: Tensor | None = None, *, capture: Sequence[str] = ()
-            ) -> ReplacementOutput:
+            errors: Tensor | None = None, *, capture: Sequence[str] = (),
+            logits: bool = True) -> ReplacementOutput:
         """Run the frozen replacement on given sources (default: the real ones).
 
         Every source may carry a batch of ``B`` copies (the same ``B`` for all), and may
@@ -200,6 +202,10 @@ class ReplacementModel:
                 has no transcoder).
             errors: ``(n_layers, B, L, E)`` error nodes.
             capture: hook names whose values to keep (``blocks.2.attn.hook_rot_q``).
+            logits: apply the LM head (``(B, L, V)``); False leaves ``logits`` None, for a
+                caller that reads a few logits from ``final`` (the full product, and its
+                gradient in a batched backward pass, cost most of a graph's time on a large
+                vocabulary).
 
         Returns:
             A :class:`ReplacementOutput`.
@@ -207,6 +213,9 @@ class ReplacementModel:
         embed = self.embed if embed is None else embed
         acts = self.acts if acts is None else acts
         errors = self.errors if errors is None else errors
+        # one view per layer (a single backward node: indexing errors[i] in each layer would
+        # give every layer's gradient the whole (n_layers, B, L, E) shape to fill and add)
+        per_layer_errors = errors.unbind(0)
         B = embed.shape[0]
         pre: list[Tensor | None] = [None] * self.n_layers
         mlp_in: list[Tensor | None] = [None] * self.n_layers
@@ -222,13 +231,13 @@ class ReplacementModel:
             def fn(t: Tensor, name: str) -> Tensor:
                 tc, x = self.transcoders[i], mlp_in[i]
                 if tc is None:
-                    return errors[i]
+                    return per_layer_errors[i]
                 s = self.scales[i]
                 if s is not None and s.dim() > 0:
                     s = s.expand(B, *s.shape[1:])  # (B, L, 1)
                 xt = x.to(tc.dtype)
                 pre[i] = tc.pre_activation(xt, s)  # (B, L, F)
-                return tc.reconstruct(xt, acts[i], s).to(t.dtype) + errors[i]
+                return tc.reconstruct(xt, acts[i], s).to(t.dtype) + per_layer_errors[i]
             return fn
 
         def keep_final(t: Tensor, name: str) -> None:
@@ -251,5 +260,5 @@ class ReplacementModel:
         finally:
             for handle in handles:
                 handle.remove()
-        logits = self.model.lm_head(final[0])  # (B, L, V) before any soft-cap
-        return ReplacementOutput(logits, pre, mlp_in, captured)  # type: ignore[arg-type]
+        out = self.model.lm_head(final[0]) if logits else None  # (B, L, V) before soft-cap
+        return ReplacementOutput(out, pre, mlp_in, captured, final[0])  # type: ignore[arg-type]
