@@ -7,6 +7,10 @@ Reports the seconds of each stage (:attr:`AttributionGraph.timings`), the peak r
 of the process (``ru_maxrss``), the graph's size and its replacement / completeness scores
 (random transcoders explain little: the scores say so; the timing is what this measures).
 
+``--transcoders FOLDER`` times the same graph with a trained set (what
+``bench_features.py --only transcoders`` builds) instead of random transcoders, so the scores
+mean something.
+
 Usage: ``python benchmarks/bench_graphs.py [--model PATH]`` (default the shipped
 SmolLM2-135M-Instruct .gguf). ``HANDFORMER_BENCH_QUICK=1``: a 4-layer random model of its
 width, 64 features, one small graph.
@@ -192,6 +196,9 @@ def main() -> None:
     parser.add_argument("--max-feature-nodes", type=int, default=None,
                         help="features kept (default 2048; 64 quick; 512 with --trained)")
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--transcoders", default=None, metavar="FOLDER",
+                        help="time the graph with the transcoder set in FOLDER (a set "
+                             "load_transcoder_set reads) instead of random ones")
     parser.add_argument("--trained", nargs="?", const="", default=None, metavar="FOLDER",
                         help="run tutorial chapter 13 on the trained transcoder set in FOLDER "
                              "(default ~/.cache/handformer/transcoders/smollm2-135m-instruct)")
@@ -218,15 +225,23 @@ def main() -> None:
     load_s = time.perf_counter() - start
     torch.manual_seed(0)
     E = model.config.d_model
-    tcs = [Transcoder(E, args.features, activation="topk", k=args.k)
-           for _ in range(model.config.num_layers)]
+    if args.transcoders:
+        from handformer.features import load_transcoder_set
+
+        tcs = load_transcoder_set(args.transcoders, n_layers=model.config.num_layers)
+        args.features, args.k = tcs[0].d_sae, tcs[0].k
+        kind = f"trained ({args.transcoders})"
+    else:
+        tcs = [Transcoder(E, args.features, activation="topk", k=args.k)
+               for _ in range(model.config.num_layers)]
+        kind = "random"
     graph = attribution_graph(model, tcs, ids, max_feature_nodes=args.max_feature_nodes,
                               batch_size=args.batch_size)
     total = time.perf_counter() - start - load_s
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     pruned = graph.prune()
     data = {"machine": machine(), "model": name, "tokens": int(ids.shape[0]),
-            "features_per_layer": args.features, "k": args.k,
+            "transcoders": kind, "features_per_layer": args.features, "k": args.k,
             "max_feature_nodes": args.max_feature_nodes, "batch_size": args.batch_size,
             "load_s": round(load_s, 2), "graph_s": round(total, 2),
             "stages_s": {k: round(v, 2) for k, v in graph.timings.items()},
@@ -238,7 +253,7 @@ def main() -> None:
             "completeness_score": round(graph.completeness_score, 4)}
     stages = ", ".join(f"{k} {v:.1f} s" for k, v in graph.timings.items())
     markdown = (f"# Attribution graph benchmark\n\n{machine_line()}\n\n"
-                f"{name}, {data['tokens']} tokens, {args.features} random TopK-{args.k} "
+                f"{name}, {data['tokens']} tokens, {args.features} {kind} TopK-{args.k} "
                 f"features per layer, {graph.n_features} feature nodes kept: **{total:.1f} s**"
                 f" ({stages}), peak RSS {peak_mb:.0f} MB; replacement score "
                 f"{graph.replacement_score:.3f}, completeness {graph.completeness_score:.3f}."
