@@ -495,18 +495,15 @@ class EncoderLayer(LegacyNames, nn.Module):
     One name per part (module path = hook name, as :class:`~handformer.DecoderLayer`'s table;
     the Hugging Face BERT key of ``blocks.{i}.`` is ``encoder.layer.{i}.`` + the last column):
 
-    ========  ===================================================  ==========================
+    ========  ===================================================  ==============================
     module    hooks (``blocks.{i}.`` + ...)                        Hugging Face BERT key
-    ========  ===================================================  ==========================
-    ``attn``  ``attn.hook_q`` ... ``attn.hook_result``             ``attention.self.query``
-                                                                   ... ``attention.output.
-                                                                   dense``
-    ``ln1``   ``ln1.hook_scale``, ``ln1.hook_normalized``          ``attention.output.
-                                                                   LayerNorm``
+    ========  ===================================================  ==============================
+    ``attn``  ``attn.hook_q`` ... ``attn.hook_result``             ``attention.self.query`` ...
+    ``ln1``   ``ln1.hook_scale``, ``ln1.hook_normalized``          ``attention.output.LayerNorm``
     ``mlp``   ``mlp.hook_pre``, ``mlp.hook_post``                  ``intermediate.dense``,
                                                                    ``output.dense``
     ``ln2``   ``ln2.hook_scale``, ``ln2.hook_normalized``          ``output.LayerNorm``
-    ========  ===================================================  ==========================
+    ========  ===================================================  ==============================
 
     Args:
         d_model: model dim ``E``.
