@@ -20,14 +20,13 @@ The peak memory is about one copy of the model.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import importlib
 import json
 import os
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -42,6 +41,7 @@ from handformer.models.quantized import Int8Installer, check_quantize, quantize_
 from handformer.packing import empty_packed
 from handformer.pretrained.families import HANDFORMER_TYPE, Family, family_for
 from handformer.pretrained.folders import CONFIG_NAME, WEIGHTS_NAME, read_config_json
+from handformer.pretrained.on_meta import parameters_on_meta
 from handformer.pretrained.shards import INDEX_NAME, SafetensorsState, open_weights
 from handformer.tokenizers.byte_bpe import missing_tokenizer_note
 from handformer.tokenizers.lm import LMTokenizer
@@ -75,43 +75,6 @@ def _header_of(state: Mapping[str, Tensor]) -> dict[str, dict]:
 
 
 # ---- building the model ------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _parameters_on_meta() -> Iterator[None]:
-    """Modules built inside put their parameters on the ``meta`` device (no memory, no
-    initialisation cost); buffers and plain tensors (RoPE frequencies) stay real.
-
-    The ``torch.nn.init`` functions leave meta tensors alone inside: the first random fill
-    of a meta tensor imports torch's Python meta kernels (about 800 modules, sympy and mpmath
-    among them), 74 MB of resident memory for nothing (measured with torch 2.13)."""
-    register = nn.Module.register_parameter
-
-    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
-        if param is not None and param.device.type != "meta":
-            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
-        register(module, name, param)
-
-    def skip_meta(fill: Callable) -> Callable:
-        def init(tensor: Tensor, *args: object, **kwargs: object) -> Tensor:
-            return tensor if tensor.is_meta else fill(tensor, *args, **kwargs)
-        return init
-
-    fills = {name: getattr(nn.init, name) for name in _INIT_FILLS}
-    nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
-    for name, fill in fills.items():
-        setattr(nn.init, name, skip_meta(fill))
-    try:
-        yield
-    finally:
-        nn.Module.register_parameter = register  # type: ignore[method-assign]
-        for name, fill in fills.items():
-            setattr(nn.init, name, fill)
-
-
-# the torch.nn.init functions that modules' constructors call to fill a parameter
-_INIT_FILLS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_",
-               "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_")
 
 
 def _targets(value: object) -> list[tuple[str, object]]:
@@ -317,7 +280,7 @@ def check_against_config(hf_config: Mapping, state: object, source: str) -> Chec
     """
     family = family_for(hf_config.get("model_type"))
     config = family.config_from_hf(dict(hf_config))
-    with _parameters_on_meta():
+    with parameters_on_meta():
         model = CausalLM(config)
     canonical = family.key_map(config)
     ours = dict(model.named_parameters())  # tied parameters once

@@ -34,6 +34,7 @@ from handformer.models.causal_lm import CausalLM, read_config
 from handformer.pretrained import lm
 from handformer.pretrained.families import HANDFORMER_TYPE
 from handformer.pretrained.folders import read_config_json
+from handformer.pretrained.on_meta import parameters_on_meta
 from handformer.weights import CheckpointError
 
 __all__ = ["load_sharded"]
@@ -100,7 +101,7 @@ def _open(path: Path, dtype: torch.dtype
         folder, state = path, lm.open_weights(path)
     data = read_config_json(folder)
     if data.get("model_type") == HANDFORMER_TYPE:
-        with lm._parameters_on_meta():
+        with parameters_on_meta():
             model = CausalLM(read_config(folder / "config.json"))
         where = {k: (k, None) for k in dict(model.named_parameters())}
         missing = sorted(set(where) - set(state.header))
