@@ -17,13 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from handformer.inspect import run_with_cache
-from handformer.models.quantized import (
-    RESIDUAL_SCALE,
-    Int8Embedding,
-    Int8Linear,
-    check_quantize,
-    quantize_model,
-)
+from handformer.models.int8_model import Int8Embedding, quantize_model
+from handformer.models.quantized import RESIDUAL_SCALE, Int8Linear, check_quantize
 from handformer.pretrained import load_lm
 
 PROMPTS = {
@@ -64,7 +59,7 @@ def _reference_weight(w: torch.Tensor) -> torch.Tensor:
 def test_weight_is_the_per_row_int8_grid():
     w = torch.randn(40, 24) * torch.linspace(0.1, 5, 40)[:, None]
     layer = Int8Linear(w)
-    assert layer._columns is None  # no column stands out
+    assert layer.exact_columns is None  # no column stands out
     torch.testing.assert_close(layer.weight.double(), _reference_weight(w), atol=1e-6,
                                rtol=0)
     assert layer.weight.dtype == torch.float32 and layer.weight.shape == (40, 24)
@@ -77,7 +72,7 @@ def test_outlier_columns_are_kept_exactly():
     w = torch.randn(50, 64, generator=g)
     w[:, [5, 17, 40]] *= 10
     layer = Int8Linear(w)
-    assert layer._columns.tolist() == [5, 17, 40] == _outliers(w).tolist()
+    assert layer.exact_columns.tolist() == [5, 17, 40] == _outliers(w).tolist()
     assert torch.equal(layer.weight[:, [5, 17, 40]], w[:, [5, 17, 40]])
     torch.testing.assert_close(layer.weight.double(), _reference_weight(w), atol=1e-6, rtol=0)
     rest = torch.ones(64, dtype=torch.bool)
@@ -87,7 +82,7 @@ def test_outlier_columns_are_kept_exactly():
     # at most 32 columns, the largest
     wide = torch.randn(8, 256, generator=g).sign()
     wide[:, :40] *= torch.arange(10, 50)  # 40 outliers, ascending: the last 32 stay
-    assert Int8Linear(wide)._columns.tolist() == list(range(8, 40)) == _outliers(wide).tolist()
+    assert Int8Linear(wide).exact_columns.tolist() == list(range(8, 40)) == _outliers(wide).tolist()
 
 
 def _bound(layer: Int8Linear, x: torch.Tensor) -> torch.Tensor:
@@ -129,7 +124,7 @@ def test_the_step_runs_a_group_with_different_outlier_columns_as_one():
     weights[1][:, [3, 20]] *= 12
     layers = [Int8Linear(w, b) for w, b in zip(weights, (torch.randn(24), None, None),
                                                 strict=True)]
-    assert [None if m._columns is None else m._columns.tolist() for m in layers] == \
+    assert [None if m.exact_columns is None else m.exact_columns.tolist() for m in layers] == \
         [[3], [3, 20], None]
     x = torch.randn(1, 32, generator=g) * 4
     together = int8_step_linear(*layers)(x)

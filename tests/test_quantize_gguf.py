@@ -19,7 +19,8 @@ pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType, quants  # noqa: E402
 
 from gguf_util import tiny_llama_gguf  # noqa: E402
-from handformer.models.quantized import FileEmbedding, Int8Linear  # noqa: E402
+from handformer.models.int8_model import FileEmbedding  # noqa: E402
+from handformer.models.quantized import Int8Linear  # noqa: E402
 from handformer.pretrained import load_lm  # noqa: E402
 from handformer.pretrained.gguf import read_gguf  # noqa: E402
 from handformer.pretrained.gguf.dequant import (  # noqa: E402
@@ -62,14 +63,14 @@ def test_int8_weights_are_the_blocks_on_row_grids(tmp_path: Path, qtype: Q):
     for ours, theirs in names.items():
         layer = q8.get_submodule(f"layers.0.{ours}")
         assert type(layer) is Int8Linear
-        _on_row_grids(layer.weight, _blocks(path, f"blk.0.{theirs}.weight"), layer._columns)
+        _on_row_grids(layer.weight, _blocks(path, f"blk.0.{theirs}.weight"), layer.exact_columns)
     for ours in ("self_attn.q_proj", "self_attn.k_proj"):  # llama.cpp's row permutation undone
         layer = q8.get_submodule(f"layers.0.{ours}")
         _on_row_grids(layer.weight, fp.get_submodule(f"layers.0.{ours}").weight.double(),
-                      layer._columns)
+                      layer.exact_columns)
     # the tied head: the embedding's blocks on row grids; the embedding: the blocks exactly
     embd = _blocks(path, "token_embd.weight")
-    _on_row_grids(q8.lm_head.weight, embd, q8.lm_head._columns)
+    _on_row_grids(q8.lm_head.weight, embd, q8.lm_head.exact_columns)
     assert type(q8.tok_emb) is FileEmbedding
     ids = torch.tensor([[3, 0, 15, 3]])
     assert torch.equal(q8.tok_emb(ids).double(), embd[ids])

@@ -61,16 +61,10 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from handformer.models.int8_weights import (
-    QuantizedRows,
-    quantize_tensor,
-    quantize_weight,
-    release_free_memory,
-)
+from handformer.models.int8_weights import QuantizedRows, quantize_tensor, release_free_memory
 
-__all__ = ["Int8Linear", "Int8Embedding", "FileEmbedding", "Int8Installer", "check_quantize",
-           "quantize_model",
-           "int8_step_linear", "QUANTIZE_CHOICES", "RESIDUAL_SCALE"]
+__all__ = ["Int8Linear", "Int8Group", "check_quantize", "int8_step_linear", "QUANTIZE_CHOICES",
+           "RESIDUAL_SCALE"]
 
 QUANTIZE_CHOICES = ("int8",)
 # The activations use the full 8-bit range: the host's VNNI instructions accumulate without
@@ -80,7 +74,7 @@ RESIDUAL_SCALE = 128.0  # r = 128 (x^ - c): a power of two, so scaling back adds
 _TINY = 1e-30  # a row of zeros is divided by this, not by 0
 # Weights are packed for FBGEMM in pieces of at most this many bytes (a piece is copied once
 # while it is packed: a 262,144-row head would otherwise need twice its size for a moment).
-_PIECE_BYTES = 8 << 20
+_PIECE_BYTES = 32 << 20
 
 
 @contextmanager
@@ -196,9 +190,98 @@ def _products(stacked: Tensor, pieces: Iterable[object]) -> Tensor:
 # ---- modules ------------------------------------------------------------------------------
 
 
+class Int8Group:
+    """The int8 weights of one or more projections that read one input (q/k/v, gate/up, or
+    a single layer), packed as one matrix: one product computes them all.
+
+    Args:
+        weights: each projection's :class:`~handformer.models.int8_weights.QuantizedRows`,
+            one input size.
+
+    Attributes:
+        sizes: each projection's output size; ``in_features``: the input size.
+    """
+
+    def __init__(self, weights: list[QuantizedRows]) -> None:
+        if len({w.shape[1] for w in weights}) != 1:
+            raise ValueError(f"an Int8Group's projections read one input size, got "
+                             f"{[w.shape for w in weights]}")
+        self.sizes = [w.shape[0] for w in weights]
+        self.in_features = weights[0].shape[1]
+        self.starts = [sum(self.sizes[:i]) for i in range(len(weights))]
+        q = weights[0].q if len(weights) == 1 else torch.cat([w.q for w in weights])
+        scales = torch.cat([w.scales for w in weights])
+        self.packed, self.rows = _pack(q, scales)
+        del q
+        # outlier columns: their union U (ascending) and (|U|, sum of out), each projection's
+        # exact columns in its rows, zeros where a column of U is not its own
+        self.own_columns = [w.columns for w in weights]  # each one's, or None
+        own = [c for c in self.own_columns if c is not None]
+        self.columns = torch.unique(torch.cat(own)) if own else None
+        self.exact_t = None
+        if self.columns is not None:
+            self.exact_t = torch.zeros(len(self.columns), sum(self.sizes))
+            for w, start in zip(weights, self.starts, strict=True):
+                if w.columns is not None:
+                    at = torch.searchsorted(self.columns, w.columns)
+                    self.exact_t[at, start:start + w.shape[0]] = w.exact.t()
+        self._last: tuple | None = None  # (input, pointer, version, output, pending)
+
+    def product(self, x: Tensor) -> Tensor:
+        """``x: (M, in_features)`` float32 -> ``(M, sum of sizes)``, no bias."""
+        stacked, a = _prepare(x)
+        y = _combine(_products(stacked, self.packed), a)  # (M, N)
+        if self.columns is not None:
+            y.addmm_(x.index_select(1, self.columns), self.exact_t)  # + x[:, U] W[:, U]^T
+        return y
+
+    def output(self, index: int, key: Tensor, x: Tensor) -> Tensor:
+        """Projection ``index``'s output for ``x: (M, in_features)`` (``key``: the module's
+        input, of which ``x`` is a view): one product serves every projection of a group
+        called in turn with the same input tensor (unchanged: same storage, and the same
+        version where torch counts one, which it does not for inference tensors)."""
+        last, version = self._last, _version(key)
+        if (last is not None and last[0] is key and last[1] == key.data_ptr()
+                and last[2] == version and index in last[4]):
+            y, pending = last[3], last[4] - {index}
+        else:
+            y, pending = self.product(x), frozenset(range(len(self.sizes))) - {index}
+        self._last = (key, key.data_ptr(), version, y, pending) if pending else None
+        if len(self.sizes) == 1:
+            return y
+        start = self.starts[index]
+        return y[:, start:start + self.sizes[index]].contiguous()  # (M, out)
+
+    def dequantized(self, index: int) -> Tensor:
+        """Projection ``index``'s weight ``(out, in)``, float32, as the product uses it."""
+        start, size = self.starts[index], self.sizes[index]
+        parts, at = [], 0
+        for packed, rows in zip(self.packed, self.rows, strict=True):
+            if at < start + size and at + rows > start:  # a piece holding some of its rows
+                qweight, _ = torch.ops.quantized.linear_unpack(packed)
+                lo, hi = max(start - at, 0), min(start + size - at, rows)
+                parts.append(qweight.dequantize()[lo:hi])
+            at += rows
+        weight = parts[0] if len(parts) == 1 else torch.cat(parts)
+        if self.columns is not None:  # its own exact columns (int8 zeros there); 0 elsewhere
+            weight[:, self.columns] += self.exact_t[:, start:start + size].t()
+        return weight
+
+
+def _version(t: Tensor) -> int | None:
+    try:
+        return t._version
+    except RuntimeError:  # an inference tensor has no version counter
+        return None
+
+
 class Int8Linear(nn.Module):
     """``y = x W^T + b`` with ``W`` stored in int8, one scale per output row (outlier columns
     exactly: :mod:`handformer.models.int8_weights`); ``x`` and ``y`` float32.
+
+    Projections that read one input (a layer's q/k/v, gate/up) share one packed matrix, an
+    :class:`Int8Group`, when the loader builds them with :meth:`group`: the first one called
+    computes all of them and the others take their rows.
 
     Args:
         weight: the float weight ``(out_features, in_features)``; it is quantized here and
@@ -220,15 +303,12 @@ class Int8Linear(nn.Module):
         if weight.dim() != 2:
             raise ValueError(f"Int8Linear needs a 2-D weight (out, in), got shape "
                              f"{tuple(weight.shape)}")
-        self._setup(quantize_tensor(weight), bias)
+        self._setup(Int8Group([quantize_tensor(weight)]), 0, bias)
 
-    def _setup(self, weight: QuantizedRows, bias: Tensor | None) -> None:
+    def _setup(self, group: Int8Group, index: int, bias: Tensor | None) -> None:
         super().__init__()
-        self.out_features, self.in_features = weight.shape
-        self._packed, self._rows = _pack(weight.q, weight.scales)
-        # the outlier columns: their indices (J,) and W[:, J]^T (J, N), added exactly
-        self._columns = weight.columns
-        self._exact_t = None if weight.exact is None else weight.exact.t().contiguous()
+        self._group, self._index = group, index
+        self.out_features, self.in_features = group.sizes[index], group.in_features
         if bias is None:
             self.register_parameter("bias", None)
         else:
@@ -238,9 +318,20 @@ class Int8Linear(nn.Module):
     @classmethod
     def from_int8(cls, weight: QuantizedRows, bias: Tensor | None = None) -> Int8Linear:
         """The layer of a quantized weight (its ``q`` is not kept: FBGEMM packs a copy)."""
-        layer = cls.__new__(cls)
-        layer._setup(weight, bias)
-        return layer
+        return cls.group([weight], [bias])[0]
+
+    @classmethod
+    def group(cls, weights: list[QuantizedRows], biases: list[Tensor | None]
+              ) -> list[Int8Linear]:
+        """Layers that read one input, their weights packed together (an
+        :class:`Int8Group`)."""
+        shared = Int8Group(weights)
+        layers = []
+        for index, bias in enumerate(biases):
+            layer = cls.__new__(cls)
+            layer._setup(shared, index, bias)
+            layers.append(layer)
+        return layers
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Int8Linear:
@@ -248,28 +339,28 @@ class Int8Linear(nn.Module):
         return cls(linear.weight, linear.bias)
 
     @property
+    def _packed(self) -> tuple[object, ...]:
+        """The FBGEMM matrices this layer's product reads (its group's)."""
+        return self._group.packed
+
+    @property
     def weight(self) -> Tensor:
         """The dequantized weight ``(out_features, in_features)``, float32: a new tensor each
         time (what the layer multiplies by)."""
-        parts = []
-        for packed in self._packed:
-            qweight, _ = torch.ops.quantized.linear_unpack(packed)
-            parts.append(qweight.dequantize())
-        weight = parts[0] if len(parts) == 1 else torch.cat(parts)
-        if self._columns is not None:
-            weight[:, self._columns] = self._exact_t.t()
-        return weight
+        return self._group.dequantized(self._index)
+
+    @property
+    def exact_columns(self) -> Tensor | None:
+        """The input columns whose weights are kept exactly in float32 (ascending), or None
+        (:mod:`handformer.models.int8_weights`)."""
+        return self._group.own_columns[self._index]
 
     def forward(self, x: Tensor) -> Tensor:
         """``(..., in_features)`` float32 -> ``(..., out_features)`` float32."""
         if x.dtype != torch.float32:
             raise TypeError(f"Int8Linear takes float32 inputs (its activations stay float32), "
                             f"got {x.dtype}")
-        flat = x.reshape(-1, self.in_features)  # (M, K)
-        stacked, a = _prepare(flat)
-        y = _combine(_products(stacked, self._packed), a)  # (M, N)
-        if self._columns is not None:
-            y.addmm_(flat[:, self._columns], self._exact_t)  # + x[:, J] W[:, J]^T
+        y = self._group.output(self._index, x, x.reshape(-1, self.in_features))  # (M, N)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
@@ -281,117 +372,21 @@ class Int8Linear(nn.Module):
         new = type(self).__new__(type(self))
         memo[id(self)] = new
         nn.Module.__init__(new)
-        for name in ("out_features", "in_features", "training", "_packed", "_rows",
-                     "_columns", "_exact_t"):
+        for name in ("out_features", "in_features", "training", "_group", "_index"):
             setattr(new, name, getattr(self, name))
         new.bias = copy.deepcopy(self.bias, memo)
         return new
 
     def extra_repr(self) -> str:
-        outliers = 0 if self._columns is None else len(self._columns)
+        shared = len(self._group.sizes)
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, int8 per-row weights, {outliers} exact "
-                "columns")
-
-
-class Int8Embedding(nn.Module):
-    """A token embedding whose rows are int8, one scale per row (outlier columns exactly);
-    a lookup dequantizes only the rows it gathers.
-
-    Args:
-        weight: the quantized table ``(num_embeddings, embedding_dim)``
-            (:class:`~handformer.models.int8_weights.QuantizedRows`).
-
-    Attributes:
-        num_embeddings, embedding_dim: as ``nn.Embedding``'s.
-    """
-
-    def __init__(self, weight: QuantizedRows) -> None:
-        super().__init__()
-        self.num_embeddings, self.embedding_dim = weight.shape
-        self._table = weight
-
-    @classmethod
-    def from_embedding(cls, embedding: nn.Embedding | Tensor) -> Int8Embedding:
-        """The int8 version of an embedding (or of a ``(V, E)`` float weight)."""
-        weight = embedding.weight if isinstance(embedding, nn.Embedding) else embedding
-        return cls(quantize_tensor(weight))
-
-    @property
-    def weight(self) -> Tensor:
-        """The dequantized table ``(num_embeddings, embedding_dim)``, float32: a new tensor
-        each time."""
-        return self._table.dequantize()
-
-    def head(self) -> Int8Linear:
-        """An LM head tied to this embedding: an :class:`Int8Linear` of the same int8 rows."""
-        return Int8Linear.from_int8(self._table)
-
-    def forward(self, ids: Tensor) -> Tensor:
-        """``(...)`` token ids -> ``(..., embedding_dim)`` float32."""
-        return self._table.dequantize(ids)
-
-    def __deepcopy__(self, memo: dict) -> Int8Embedding:
-        """A copy sharing the int8 rows (nothing writes them)."""
-        new = type(self).__new__(type(self))
-        memo[id(self)] = new
-        nn.Module.__init__(new)
-        new.num_embeddings, new.embedding_dim, new.training = (
-            self.num_embeddings, self.embedding_dim, self.training)
-        new._table = self._table
-        return new
-
-    def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, int8 per-row weights"
-
-
-class FileEmbedding(nn.Module):
-    """A token embedding whose rows stay in the checkpoint file: a lookup reads and
-    dequantizes the rows it gathers (what ``load_lm(file.gguf, quantize="int8")`` installs;
-    the file's own values, so the embedding is exactly the float model's).
-
-    Args:
-        rows: the row source: ``rows(ids)`` returns ``(*ids.shape, E)`` float32,
-            ``rows.table()`` the whole ``(V, E)`` table, ``rows.shape`` is ``(V, E)``
-            (:class:`~handformer.pretrained.gguf.dequant.GGUFRows`).
-
-    Attributes:
-        num_embeddings, embedding_dim: as ``nn.Embedding``'s.
-    """
-
-    def __init__(self, rows: Callable[[Tensor], Tensor]) -> None:
-        super().__init__()
-        self.num_embeddings, self.embedding_dim = rows.shape  # type: ignore[attr-defined]
-        self._rows = rows
-
-    @property
-    def weight(self) -> Tensor:
-        """The whole table ``(num_embeddings, embedding_dim)``, float32, read from the file:
-        a new tensor each time."""
-        return self._rows.table()  # type: ignore[attr-defined]
-
-    def forward(self, ids: Tensor) -> Tensor:
-        """``(...)`` token ids -> ``(..., embedding_dim)`` float32."""
-        return self._rows(ids)
-
-    def __deepcopy__(self, memo: dict) -> FileEmbedding:
-        """A copy reading the same file."""
-        new = type(self).__new__(type(self))
-        memo[id(self)] = new
-        nn.Module.__init__(new)
-        new.num_embeddings, new.embedding_dim, new.training = (
-            self.num_embeddings, self.embedding_dim, self.training)
-        new._rows = self._rows
-        return new
-
-    def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, rows read from the file"
+                f"bias={self.bias is not None}, int8 per-row weights"
+                + (f", packed with {shared - 1} other projection(s)" if shared > 1 else ""))
 
 
 def int8_step_linear(*linears: Int8Linear) -> Callable[[Tensor], Tensor]:
-    """One function computing every one of ``linears`` (the same input size) on one input,
-    their outputs side by side: the input is prepared once, each weight read once, and the
-    outlier columns of all of them added in one product.
+    """One function computing every one of ``linears`` (the same input) on one input, their
+    outputs side by side: one product where they are one :class:`Int8Group`, in order.
 
     Args:
         linears: :class:`Int8Linear` layers that multiply the same input (q/k/v, gate/up).
@@ -399,145 +394,21 @@ def int8_step_linear(*linears: Int8Linear) -> Callable[[Tensor], Tensor]:
     Returns:
         ``x: (B, in) -> (B, sum of out)``, float32.
     """
-    pieces = [p for m in linears for p in m._packed]
+    groups = {id(m._group) for m in linears}
+    whole = (len(groups) == 1 and [m._index for m in linears]
+             == list(range(len(linears[0]._group.sizes))))
     biases = [m.bias for m in linears]
     bias = None if all(b is None for b in biases) else torch.cat([
         b.detach() if b is not None else torch.zeros(m.out_features)
         for m, b in zip(linears, biases, strict=True)])
-    columns, exact_t = _joint_columns(linears)
+    if whole:
+        product = linears[0]._group.product
+    else:  # each its group's rows (a group's product computed once per call)
+        def product(x: Tensor) -> Tensor:
+            return torch.cat([m._group.output(m._index, x, x) for m in linears], dim=-1)
 
     def linear(x: Tensor) -> Tensor:
-        stacked, a = _prepare(x)
-        y = _combine(_products(stacked, pieces), a)  # (B, sum of out)
-        if columns is not None:
-            y.addmm_(x[:, columns], exact_t)
+        y = product(x)  # (B, sum of out)
         return y if bias is None else y.add_(bias)
 
     return linear
-
-
-def _joint_columns(linears: tuple[Int8Linear, ...]) -> tuple[Tensor | None, Tensor | None]:
-    """The union ``U`` of the layers' outlier columns and ``(|U|, sum of out)``: each layer's
-    exact columns in its own output range, zeros where a column is not one of its own."""
-    own = [m._columns for m in linears if m._columns is not None]
-    if not own:
-        return None, None
-    union = torch.unique(torch.cat(own))  # ascending
-    exact_t = torch.zeros(len(union), sum(m.out_features for m in linears))
-    start = 0
-    for m in linears:
-        if m._columns is not None:
-            at = torch.searchsorted(union, m._columns)
-            exact_t[at, start:start + m.out_features] = m._exact_t
-        start += m.out_features
-    return union, exact_t
-
-
-# ---- installing ---------------------------------------------------------------------------
-
-
-class Int8Installer:
-    """What a loader calls with each float weight of a model built on ``meta``: a linear
-    layer's weight becomes an :class:`Int8Linear` in its place at once, the token embedding
-    an :class:`Int8Embedding` or a :class:`FileEmbedding` (the float tensor can then be
-    freed); everything else is the loader's to install.
-
-    Args:
-        model: the model, its parameters still on ``meta``.
-    """
-
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
-        head, embedding = getattr(model, "lm_head", None), getattr(model, "tok_emb", None)
-        self._tied = (type(head) is nn.Linear and type(embedding) is nn.Embedding
-                      and head.weight is embedding.weight)
-
-    def wants(self, name: str) -> bool:
-        """Whether ``name`` is a weight this installer quantizes."""
-        owner, _, leaf = name.rpartition(".")
-        if leaf != "weight":
-            return False
-        module = self.model.get_submodule(owner)
-        return type(module) is nn.Linear or (type(module) is nn.Embedding
-                                             and owner == "tok_emb")
-
-    def wants_file_rows(self, name: str) -> bool:
-        """Whether ``name`` is the token embedding (it may stay in the file)."""
-        return name == "tok_emb.weight" and self.wants(name)
-
-    def take(self, name: str, value: Tensor) -> bool:
-        """Install ``value`` if :meth:`wants` ``name`` (True), else False."""
-        if not self.wants(name):
-            return False
-        return self.take_rows(name, tuple(value.shape), lambda: [(slice(None), value)])
-
-    def take_rows(self, name: str, shape: tuple[int, ...], read: Callable[[], Iterable],
-                  file_rows: Callable[[Tensor], Tensor] | None = None) -> bool:
-        """Install the weight ``name`` of ``shape`` from its rows, read in chunks:
-        ``read()`` returns ``(rows, values)`` pairs, ``rows`` a slice or index tensor of the
-        rows that ``values`` fill (each row once); it may be called twice
-        (:func:`~handformer.models.int8_weights.quantize_weight`). Only the int8 rows are
-        kept, and for the token embedding with ``file_rows`` (its rows read from the file,
-        see :class:`FileEmbedding`) not even those: a tied head is packed from them, then
-        they go. False if not :meth:`wants` it.
-
-        Raises:
-            ValueError: for a weight with inf or NaN entries.
-        """
-        if not self.wants(name):
-            return False
-        weight = quantize_weight(read, tuple(shape))
-        owner = name.rpartition(".")[0]
-        module = self.model.get_submodule(owner)
-        if type(module) is nn.Embedding:
-            if self._tied:
-                _replace(self.model, "lm_head", Int8Linear.from_int8(weight))
-            _replace(self.model, owner, FileEmbedding(file_rows) if file_rows is not None
-                     else Int8Embedding(weight))
-        else:
-            _replace(self.model, owner, Int8Linear.from_int8(weight, module.bias))
-        del weight
-        release_free_memory()
-        return True
-
-    def tie(self, head: str = "lm_head") -> None:
-        """A head tied to the embedding: the embedding's int8 rows, packed for the product
-        (nothing to do where :meth:`take_rows` packed it already)."""
-        if type(self.model.get_submodule(head)) is Int8Linear:
-            return
-        embedding = self.model.get_submodule("tok_emb")
-        _replace(self.model, head, embedding.head() if isinstance(embedding, Int8Embedding)
-                 else Int8Linear(embedding.weight))
-
-
-def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, child, new)
-
-
-def quantize_model(model: nn.Module) -> nn.Module:
-    """Swap every ``nn.Linear`` of ``model`` (in place) for an :class:`Int8Linear` and its
-    ``tok_emb`` (an ``nn.Embedding``, if it has one) for an :class:`Int8Embedding`, one at a
-    time; a head tied to that embedding shares its int8 rows. Everything else stays as it
-    is. For a model already in memory (``load_lm(..., quantize="int8")`` quantizes while it
-    reads the checkpoint instead).
-
-    Args:
-        model: the model (float32, on the CPU).
-
-    Returns:
-        ``model``.
-    """
-    embedding = getattr(model, "tok_emb", None)
-    tied = set()
-    if type(embedding) is nn.Embedding:
-        tied = {n for n, m in model.named_modules()
-                if type(m) is nn.Linear and m.weight is embedding.weight}
-        _replace(model, "tok_emb", Int8Embedding.from_embedding(embedding))
-    names = [n for n, m in model.named_modules() if type(m) is nn.Linear]
-    for name in names:
-        module = model.get_submodule(name)
-        new = (model.tok_emb.head() if name in tied and module.bias is None
-               else Int8Linear.from_linear(module))
-        _replace(model, name, new)
-    return model

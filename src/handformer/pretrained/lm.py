@@ -37,7 +37,8 @@ from torch import Tensor, nn
 from handformer.attention.kinds import AttentionKind
 from handformer.layers import check_attention, projection_groups
 from handformer.models.causal_lm import CausalLM
-from handformer.models.quantized import Int8Installer, check_quantize, quantize_model
+from handformer.models.int8_model import Int8Installer, quantize_model
+from handformer.models.quantized import check_quantize
 from handformer.packing import empty_packed
 from handformer.pretrained.families import HANDFORMER_TYPE, Family, family_for
 from handformer.pretrained.folders import CONFIG_NAME, WEIGHTS_NAME, read_config_json
@@ -220,6 +221,8 @@ def build_causal_lm(hf_config: Mapping[str, object], state: Mapping[str, Tensor]
             values[our_key] = (slots[our_key].copy_(value) if our_key in slots
                                else value.contiguous())
         del tensor
+    if installer is not None:
+        installer.finish()  # a group the file did not give whole
     for name, value in values.items():
         owner, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(owner), leaf, nn.Parameter(value))
