@@ -307,3 +307,46 @@ def test_serve_state_loads_int8_and_its_variants_share_the_weights(llama_tok_dir
     base_q = state.model.layers[0].self_attn.q_proj
     assert type(base_q) is Int8Linear
     assert local.layers[0].self_attn.q_proj._packed is base_q._packed
+
+
+def test_a_group_makes_one_product_for_its_members_and_no_stale_one():
+    """q/k/v packed together: the first member called with an input computes all three, the
+    others take their rows; an input changed in place between them (its version moves) is
+    computed again, not served from the first product."""
+    from handformer.models.int8_weights import quantize_tensor
+    from handformer.models.quantized import Int8Group
+
+    g = torch.Generator().manual_seed(7)
+    weights = [torch.randn(n, 16, generator=g) for n in (12, 4, 4)]
+    q, k, v = Int8Linear.group([quantize_tensor(w) for w in weights], [None, torch.ones(4),
+                                                                        None])
+    assert q._group is k._group is v._group and q._packed is v._packed
+    calls = []
+    real = Int8Group.product
+    Int8Group.product = lambda self, x: calls.append(1) or real(self, x)
+    try:
+        h = torch.randn(2, 3, 16, generator=g)
+        outs = [q(h), k(h), v(h)]
+        assert len(calls) == 1
+        for out, layer in zip(outs, (q, k, v), strict=True):
+            ref = h.double() @ layer.weight.double().T
+            ref = ref if layer.bias is None else ref + layer.bias.double()
+            assert out.shape == (2, 3, layer.out_features) and out.is_contiguous()
+            assert bool(((out.double() - ref).abs() <= _bound(layer, h.reshape(-1, 16))
+                         .view(2, 3, -1)).all())
+        before = q(h)
+        h.mul_(2.0)  # changed between q and k: k must not take its rows from q's product
+        torch.testing.assert_close(k(h), k(h.clone()), atol=0, rtol=0)
+        assert len(calls) == 4  # q; k (a new product); k(h.clone()) (another input)
+        assert not torch.equal(before, q(h))
+    finally:
+        Int8Group.product = real
+
+
+def test_quantize_model_packs_each_layer_s_projections(llama_dir: Path):
+    fp, _ = load_lm(llama_dir, tokenizer=False)
+    q = quantize_model(fp)
+    attn, ff = q.layers[0].self_attn, q.layers[0].ff
+    assert attn.q_proj._group is attn.k_proj._group is attn.v_proj._group
+    assert ff.gate_proj._group is ff.up_proj._group is not ff.down_proj._group
+    assert attn.out_proj._group is not attn.q_proj._group
