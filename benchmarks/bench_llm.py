@@ -22,14 +22,15 @@ float32, batch 1, at 1 and 2 torch threads, all calls interleaved round by round
 5. how fast this host streams float32 weights (the floor's bytes over its time, and small
    working sets as in ``bench_decode.py``), and the load average at start and end: decoding
    is memory-bound, so hosts differ.
-6. int8 (``load_lm(..., quantize="int8")``) on the shipped SmolLM2-135M GGUF (real weights):
-   decode ms/token against float32 at 1 and 2 threads (interleaved, CPU time and wall time),
-   prefill of 512 tokens, peak RSS growth of each load in a fresh process (against the GGUF
-   file's size), and top-1 agreement / mean KL with float32 on the prompt.
+6. int8 (``load_lm(..., quantize="int8")``) on both shipped GGUF models (``llm_int8.py``):
+   decode ms/token against float32, its floor and llama.cpp at 1 and 2 threads, prefill,
+   peak RSS growth of each load in a fresh process against the GGUF file, and agreement with
+   float32 on English, Chinese and code prompts.
 7. bfloat16 decoding against float32 and its floor (``llm_bf16.py``, issue 37).
 
 Run: ``.venv/bin/python benchmarks/bench_llm.py`` (``HANDFORMER_BENCH_QUICK=1``: a tiny
-model, for the smoke test; ``--int8``: section 6 alone, printed, no results written).
+model, for the smoke test; ``--int8``: section 6 alone, written into the results in place
+of the last one).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import QUICK, interleaved, interleaved_runs, machine, machine_line, write_results  # noqa: E402
 from handformer.pretrained import load_lm  # noqa: E402
 from llm_bf16 import bench_bf16  # noqa: E402
+from llm_int8 import bench_int8  # noqa: E402
 
 SHAPE = (dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2) if QUICK else
@@ -283,77 +285,26 @@ def load_memory(folder: Path, quantize: str | None = None) -> dict:
     return out
 
 
-INT8_MODEL = "smollm2-135m-instruct"
-INT8_PROMPT = ("The history of the printing press begins in the fifteenth century, when Johannes "
-               "Gutenberg combined movable metal type, oil-based ink and a screw press. ") * 8
+def write_int8_section() -> None:
+    """Section 6 alone (``--int8``): run it and put it into ``results/llm.json`` and
+    ``llm.md`` in place of the last one, the other sections as they were."""
+    import json
 
+    from common import RESULTS
 
-def decode_ms(model: torch.nn.Module, ids: torch.Tensor, new: int) -> tuple[float, float]:
-    """Greedy decoding, ms per token from the first new token to the last: (CPU, wall)."""
-    stamps: list[tuple[float, float]] = []
-
-    def streamer(_: torch.Tensor) -> None:
-        stamps.append((time.process_time(), time.perf_counter()))
-
-    with torch.inference_mode():
-        model.generate(ids, max_new_tokens=new, streamer=streamer)
-    (c0, w0), (c1, w1) = stamps[0], stamps[-1]  # stamps[0]: after the prefill
-    steps = len(stamps) - 1
-    return (c1 - c0) / steps * 1e3, (w1 - w0) / steps * 1e3
-
-
-def int8_section() -> tuple[dict, list[str]]:
-    """Section 6: int8 against float32 on the shipped SmolLM2 (real weights)."""
-    from handformer.pretrained.gguf.shipped import shipped_path
-
-    path = shipped_path(INT8_MODEL)
-    memory = {q or "float32": load_memory(path, q) for q in (None, "int8")}
-    fp, tok = load_lm(path)
-    q8, _ = load_lm(path, tokenizer=False, quantize="int8")
-    ids = torch.tensor([tok.encode(INT8_PROMPT)[:128 if not QUICK else 32]])
-    new = 8 if QUICK else 33
-    with torch.inference_mode():
-        ref, out = fp(ids).logits[0], q8(ids).logits[0]
-    agreement = float((ref.argmax(-1) == out.argmax(-1)).float().mean())
-    kl = float(F.kl_div(out.log_softmax(-1), ref.log_softmax(-1), log_target=True,
-                        reduction="none").sum(-1).mean())
-    rows = []
-    for threads in THREADS:
-        torch.set_num_threads(threads)
-        runs: dict[str, list[tuple[float, float]]] = {"float32": [], "int8": []}
-        for _ in range(REPEATS if QUICK else 3):
-            for name, model in (("float32", fp), ("int8", q8)):
-                runs[name].append(decode_ms(model, ids, new))
-        prefill = interleaved({n: (lambda m=m: m(torch.zeros(1, FORWARD_LEN, dtype=torch.long)))
-                               for n, m in (("float32", fp), ("int8", q8))},
-                              repeats=REPEATS, clock=time.process_time)
-        med = {n: (statistics.median(c for c, _ in r), statistics.median(w for _, w in r))
-               for n, r in runs.items()}
-        rows.append({"threads": threads, "decode_cpu_ms": {n: m[0] for n, m in med.items()},
-                     "decode_wall_ms": {n: m[1] for n, m in med.items()},
-                     "prefill_cpu_s": prefill})
-        print(f"int8, {threads} thread(s): decode {med['int8'][0]:.1f} ms/token CPU "
-              f"({med['int8'][1]:.1f} wall) vs float32 {med['float32'][0]:.1f} "
-              f"({med['float32'][1]:.1f}); prefill {FORWARD_LEN} tokens "
-              f"{prefill['int8'] * 1e3:.0f} vs {prefill['float32'] * 1e3:.0f} ms CPU", flush=True)
-    file_bytes = path.stat().st_size
-    data = {"model": INT8_MODEL, "gguf_bytes": file_bytes, "context": ids.shape[1],
-            "top1_agreement": agreement, "mean_kl": kl,
-            "max_logit_diff": float((out - ref).abs().max()), "threads": rows,
-            "load_memory": memory}
-    lines = [f"## int8 (`quantize=\"int8\"`) on the shipped {INT8_MODEL}", "",
-             "| threads | decode int8 (ms/token, CPU) | float32 | ratio | prefill int8 / "
-             "float32 |", "|---|---|---|---|---|"]
-    for r in rows:
-        d, p = r["decode_cpu_ms"], r["prefill_cpu_s"]
-        lines.append(f"| {r['threads']} | {d['int8']:.1f} | {d['float32']:.1f} | "
-                     f"{d['int8'] / d['float32']:.2f} | {p['int8'] / p['float32']:.2f} |")
-    lines += ["", f"Peak RSS growth of `load_lm` in a fresh process: int8 "
-              f"{memory['int8']['peak_rss_growth_bytes'] / 1e6:.0f} MB, float32 "
-              f"{memory['float32']['peak_rss_growth_bytes'] / 1e6:.0f} MB (the GGUF file: "
-              f"{file_bytes / 1e6:.0f} MB). Against float32 on the prompt's {ids.shape[1]} "
-              f"tokens: top-1 agreement {agreement:.1%}, mean KL {kl:.4f}.", ""]
-    return data, lines
+    data, lines = bench_int8()
+    print("\n".join(lines))
+    old = RESULTS / "llm.json"
+    previous = json.loads(old.read_text()) if old.is_file() and not QUICK else {}
+    md = (RESULTS / "llm.md").read_text() if previous else ""
+    head = "## int8 "
+    if head in md:  # replace the old section (up to the next heading of its level)
+        before, _, rest = md.partition(head)
+        after = rest.partition("\n## ")[2]
+        md = before + "\n".join(lines) + ("\n## " + after if after else "")
+    else:
+        md = md + "\n" + "\n".join(lines)
+    write_results("llm", {**previous, "int8": data}, md)
 
 
 def main() -> None:
@@ -382,7 +333,7 @@ def main() -> None:
           f"({stream['model_weight_bytes'] / 1e6:.0f} MB per step); working sets "
           + ", ".join(f"{r['megabytes']} MB {r['gb_per_s']:.1f} GB/s"
                       for r in stream["working_sets"]), flush=True)
-    int8, int8_lines = int8_section()
+    int8, int8_lines = bench_int8()  # llm_int8.py
     load_end = os.getloadavg()
     data = {"int8": int8, "machine": machine(), "shape": SHAPE, "load_s": load_s,
             "transformers": transformers.__version__, "threads": per_threads,
@@ -442,6 +393,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     if "--int8" in sys.argv[1:]:
-        print("\n".join(int8_section()[1]))
+        write_int8_section()
     else:
         main()

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from handformer.inspect import run_with_cache
-from handformer.models.quantized import Int8Linear, check_quantize, quantize_model
+from handformer.models.int8_model import Int8Embedding, quantize_model
+from handformer.models.quantized import RESIDUAL_SCALE, Int8Linear, check_quantize
 from handformer.pretrained import load_lm
 
 PROMPTS = {
@@ -33,34 +34,102 @@ PROMPTS = {
 }
 
 
+def _outliers(w: torch.Tensor) -> torch.Tensor:
+    """The columns kept exactly, by the rule stated in models/int8_weights.py: largest
+    magnitude over 3 x the median column's, at most 32."""
+    peak = w.double().abs().amax(dim=0)
+    picked = [int(j) for j in torch.argsort(peak, descending=True)
+              if peak[j] > 3 * peak.median()][:32]
+    return torch.tensor(sorted(picked), dtype=torch.long)
+
+
 def _reference_weight(w: torch.Tensor) -> torch.Tensor:
-    """Per-row symmetric int8 in float64: ``s_r = max|W_r| / 127``, ``round(W / s) * s``."""
+    """In float64: outlier columns exact; every other entry on its row's int8 grid,
+    ``s_r = max|W_r| / 127`` over the other columns, ``round(W / s) * s``."""
     w = w.double()
-    s = w.abs().amax(dim=1, keepdim=True) / 127
-    return torch.round(w / s).clamp(-128, 127) * s
+    cols = _outliers(w)
+    rest = w.clone()
+    rest[:, cols] = 0
+    s = rest.abs().amax(dim=1, keepdim=True) / 127
+    out = torch.round(rest / s).clamp(-127, 127) * s
+    out[:, cols] = w[:, cols]
+    return out
 
 
 def test_weight_is_the_per_row_int8_grid():
     w = torch.randn(40, 24) * torch.linspace(0.1, 5, 40)[:, None]
     layer = Int8Linear(w)
+    assert layer.exact_columns is None  # no column stands out
     torch.testing.assert_close(layer.weight.double(), _reference_weight(w), atol=1e-6,
                                rtol=0)
     assert layer.weight.dtype == torch.float32 and layer.weight.shape == (40, 24)
 
 
-def test_an_outlier_channel_keeps_the_small_entries():
-    """An input with one huge channel (an LLM's MLP hidden vector): the product stays within
-    a hair of the float64 product with the quantized weight. One 8-bit quantization of the
-    input would lose the small entries (an error of ~30 here)."""
-    g = torch.Generator().manual_seed(0)
-    w, bias = torch.randn(64, 48, generator=g), torch.randn(64, generator=g)
-    x = torch.randn(3, 5, 48, generator=g)
-    x[..., 7] = 300.0
-    layer = Int8Linear(w, bias)
-    ref = x.double() @ _reference_weight(w).T + bias.double()
-    out = layer(x)
-    assert out.shape == (3, 5, 64) and out.dtype == torch.float32
-    assert float((out.double() - ref).abs().max()) < 0.05 * float(ref.abs().max()) / 100
+def test_outlier_columns_are_kept_exactly():
+    """Three columns ten times the rest: kept in float32 bit for bit, the others rounded on
+    a grid set by the rest of their row (a grid ten times finer than the whole row's)."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(50, 64, generator=g)
+    w[:, [5, 17, 40]] *= 10
+    layer = Int8Linear(w)
+    assert layer.exact_columns.tolist() == [5, 17, 40] == _outliers(w).tolist()
+    assert torch.equal(layer.weight[:, [5, 17, 40]], w[:, [5, 17, 40]])
+    torch.testing.assert_close(layer.weight.double(), _reference_weight(w), atol=1e-6, rtol=0)
+    rest = torch.ones(64, dtype=torch.bool)
+    rest[[5, 17, 40]] = False
+    step = w[:, rest].abs().amax(dim=1) / 127  # the grid of the other columns
+    assert float(((layer.weight - w)[:, rest].abs() / step[:, None]).max()) <= 0.5 + 1e-4
+    # at most 32 columns, the largest
+    wide = torch.randn(8, 256, generator=g).sign()
+    wide[:, :40] *= torch.arange(10, 50)  # 40 outliers, ascending: the last 32 stay
+    assert Int8Linear(wide).exact_columns.tolist() == list(range(8, 40)) == _outliers(wide).tolist()
+
+
+def _bound(layer: Int8Linear, x: torch.Tensor) -> torch.Tensor:
+    """The stated bound: ``|y - x W~^T - b| <= a_m / (255 * 128) * sum_k |W~_nk|`` with
+    ``a_m`` the row's largest input magnitude (plus float32 rounding of the sums)."""
+    w = layer.weight.double()
+    a = x.double().abs().amax(dim=-1, keepdim=True)
+    sums = x.double().abs() @ w.abs().T  # what float32 rounding is relative to
+    return a / (255 * RESIDUAL_SCALE) * w.abs().sum(dim=1) + 1e-6 * sums + 1e-6
+
+
+@pytest.mark.parametrize("rows", [1, 3, 40])
+def test_product_is_within_the_stated_bound(rows: int):
+    """Against float64 products with the dequantized weight, on inputs with an outlier
+    channel (an LLM's MLP hidden vector) and of one sign only (after a ReLU: the guard rows
+    are what keep such an input's coarse row on the kernel's grid)."""
+    g = torch.Generator().manual_seed(rows)
+    w = torch.randn(96, 48, generator=g)
+    w[:, 7] *= 8  # an outlier column, exact
+    layer = Int8Linear(w, torch.randn(96, generator=g))
+    for x in (torch.randn(rows, 48, generator=g) * torch.logspace(-3, 0, 48),
+              torch.rand(rows, 48, generator=g) + 0.5, -torch.rand(rows, 48, generator=g)):
+        x[:, 11] = 300.0 if x[0, 0] > 0 else -300.0
+        ref = x.double() @ layer.weight.double().T + layer.bias.double()
+        out = layer(x)
+        assert out.shape == (rows, 96) and out.dtype == torch.float32
+        err = (out.double() - ref).abs()
+        assert bool((err <= _bound(layer, x)).all()), float((err / _bound(layer, x)).max())
+    zero = torch.zeros(2, 48)
+    assert torch.equal(layer(zero), layer.bias.expand(2, 96))  # a zero row: the bias, no NaN
+
+
+def test_the_step_runs_a_group_with_different_outlier_columns_as_one():
+    from handformer.models.quantized import int8_step_linear
+
+    g = torch.Generator().manual_seed(5)
+    weights = [torch.randn(n, 32, generator=g) for n in (24, 8, 8)]
+    weights[0][:, 3] *= 12
+    weights[1][:, [3, 20]] *= 12
+    layers = [Int8Linear(w, b) for w, b in zip(weights, (torch.randn(24), None, None),
+                                                strict=True)]
+    assert [None if m.exact_columns is None else m.exact_columns.tolist() for m in layers] == \
+        [[3], [3, 20], None]
+    x = torch.randn(1, 32, generator=g) * 4
+    together = int8_step_linear(*layers)(x)
+    torch.testing.assert_close(together, torch.cat([m(x) for m in layers], dim=-1),
+                               atol=1e-5, rtol=1e-5)
 
 
 def test_a_deep_copy_shares_the_int8_weights():
@@ -106,10 +175,13 @@ def test_safetensors_folder_loads_quantized_with_the_same_names(llama_dir: Path)
     linears = {n for n, m in fp.named_modules() if type(m) is nn.Linear}
     assert linears and linears == {n for n, m in q.named_modules() if type(m) is Int8Linear}
     assert [n for n, _ in q.named_modules()] == [n for n, _ in fp.named_modules()]
-    # What stays float: the embedding, the norms and the biases, nothing of a weight matrix.
+    # What stays float: the norms and the biases, nothing of a weight matrix; the embedding
+    # is int8 rows, dequantized as they are gathered.
     floats = {n for n, p in q.named_parameters()}
     assert floats == {n for n in dict(fp.named_parameters())
-                      if not (n.endswith(".weight") and n[:-7] in linears)}
+                      if not (n.endswith(".weight") and n[:-7] in linears | {"tok_emb"})}
+    assert type(q.tok_emb) is Int8Embedding
+    torch.testing.assert_close(q.tok_emb.weight.double(), _reference_weight(fp.tok_emb.weight))
     assert q.blocks[0].attn.q_proj.bias is not None  # loaded after its weight
     torch.testing.assert_close(q.blocks[0].attn.q_proj.bias,
                                fp.blocks[0].attn.q_proj.bias)
@@ -235,3 +307,46 @@ def test_serve_state_loads_int8_and_its_variants_share_the_weights(llama_tok_dir
     base_q = state.model.blocks[0].attn.q_proj
     assert type(base_q) is Int8Linear
     assert local.blocks[0].attn.q_proj._packed is base_q._packed
+
+
+def test_a_group_makes_one_product_for_its_members_and_no_stale_one():
+    """q/k/v packed together: the first member called with an input computes all three, the
+    others take their rows; an input changed in place between them (its version moves) is
+    computed again, not served from the first product."""
+    from handformer.models.int8_weights import quantize_tensor
+    from handformer.models.quantized import Int8Group
+
+    g = torch.Generator().manual_seed(7)
+    weights = [torch.randn(n, 16, generator=g) for n in (12, 4, 4)]
+    q, k, v = Int8Linear.group([quantize_tensor(w) for w in weights], [None, torch.ones(4),
+                                                                        None])
+    assert q._group is k._group is v._group and q._packed is v._packed
+    calls = []
+    real = Int8Group.product
+    Int8Group.product = lambda self, x: calls.append(1) or real(self, x)
+    try:
+        h = torch.randn(2, 3, 16, generator=g)
+        outs = [q(h), k(h), v(h)]
+        assert len(calls) == 1
+        for out, layer in zip(outs, (q, k, v), strict=True):
+            ref = h.double() @ layer.weight.double().T
+            ref = ref if layer.bias is None else ref + layer.bias.double()
+            assert out.shape == (2, 3, layer.out_features) and out.is_contiguous()
+            assert bool(((out.double() - ref).abs() <= _bound(layer, h.reshape(-1, 16))
+                         .view(2, 3, -1)).all())
+        before = q(h)
+        h.mul_(2.0)  # changed between q and k: k must not take its rows from q's product
+        torch.testing.assert_close(k(h), k(h.clone()), atol=0, rtol=0)
+        assert len(calls) == 4  # q; k (a new product); k(h.clone()) (another input)
+        assert not torch.equal(before, q(h))
+    finally:
+        Int8Group.product = real
+
+
+def test_quantize_model_packs_each_layer_s_projections(llama_dir: Path):
+    fp, _ = load_lm(llama_dir, tokenizer=False)
+    q = quantize_model(fp)
+    attn, ff = q.blocks[0].attn, q.blocks[0].mlp
+    assert attn.q_proj._group is attn.k_proj._group is attn.v_proj._group
+    assert ff.gate_proj._group is ff.up_proj._group is not ff.down_proj._group
+    assert attn.out_proj._group is not attn.q_proj._group

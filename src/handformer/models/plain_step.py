@@ -37,6 +37,7 @@ the prompt, hooks, weights and every other attention kind go through them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -52,7 +53,7 @@ from handformer.attention.local import LocalAttention
 from handformer.decoder_layer import DecoderLayer
 from handformer.hooks import HookPoint
 from handformer.layers import _IN_PLACE, ACTIVATIONS, FeedForward, GatedFeedForward
-from handformer.models.quantized import Int8Linear
+from handformer.models.quantized import Int8Linear, int8_step_linear
 from handformer.models.step_linear import Linear, StepLinears
 from handformer.norms import LayerNorm, RMSNorm
 from handformer.packing import packed_linear
@@ -163,12 +164,15 @@ def plain_step_refusal(model: nn.Module, cache: DecodingCache | None) -> str | N
 
 def _linear(make: StepLinears, module: nn.Linear) -> Linear:
     if type(module) is Int8Linear:  # its own int8 product (:mod:`handformer.models.quantized`)
-        return module.forward
+        return int8_step_linear(module)
     return make(module.weight, module.bias)
 
 
 def _packed(make: StepLinears, *modules: nn.Linear) -> Linear | None:
-    if any(type(m) is Int8Linear for m in modules):  # int8: one product each
+    if any(type(m) is Int8Linear for m in modules):  # int8: the input prepared once
+        if all(type(m) is Int8Linear for m in modules) and \
+                len({m.in_features for m in modules}) == 1:
+            return int8_step_linear(*modules)
         return None
     packed = packed_linear(*modules)
     return None if packed is None else make(*packed)
@@ -251,15 +255,21 @@ class PlainDecodeStep:
         config = model.config
         self.cache = cache
         self.num_heads, self.num_kv_heads = config.num_heads, model.blocks[0].attn.num_kv_heads
-        self.tok_emb = model.tok_emb.weight  # (V, E)
+        # ids -> (B, E): the (V, E) table's rows, or an int8 model's embedding (its rows
+        # dequantized, or read from the file, as they are gathered)
+        embedding = model.tok_emb
+        plain = isinstance(embedding, nn.Embedding)
+        self.lookup = (functools.partial(F.embedding, weight=embedding.weight) if plain
+                       else embedding.forward)
+        dtype = embedding.weight.dtype if plain else torch.float32
         self.embed_scale = (None if config.embed_scale is None else
-                            torch.tensor(config.embed_scale, dtype=self.tok_emb.dtype))
+                            torch.tensor(config.embed_scale, dtype=dtype))
         self.final_softcap = config.final_softcap
         self.pos_table = None  # (max_len, E): learned or sinusoidal positions
         if isinstance(model.pos_emb, LearnedPositionalEmbedding):
             self.pos_table = model.pos_emb.weight
         elif isinstance(model.pos_emb, SinusoidalPositionalEncoding):
-            self.pos_table = model.pos_emb.pe.to(self.tok_emb.dtype)
+            self.pos_table = model.pos_emb.pe.to(dtype)
         self.final_norm = _norm(model.ln_final)
         make = StepLinears(model)  # the bf16 kernel where it pays (see step_linear)
         self.lm_head = _linear(make, model.lm_head)  # (B, E) -> (B, V)
@@ -279,7 +289,7 @@ class PlainDecodeStep:
         """Feed ``token: (B,)``, one new real token per sequence; return ``(B, V)`` logits."""
         B = token.shape[0]
         positions = self.cache.next_positions  # (B,)
-        x = F.embedding(token, self.tok_emb)  # (B, E)
+        x = self.lookup(token)  # (B, E)
         if self.embed_scale is not None:
             x = x * self.embed_scale
         if self.pos_table is not None:

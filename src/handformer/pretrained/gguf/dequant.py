@@ -10,11 +10,17 @@ recover the original weights, only the nearest values the format can hold.
 ``gguf.quants.dequantize`` (llama.cpp's own Python reference) does the arithmetic, in float32.
 Here it is applied to a chunk of rows at a time, and each chunk is written straight into the
 output tensor, which is allocated once in the requested dtype: a tensor never needs a second
-full-size float32 temporary, and the raw bytes are read through a memory map of that
-tensor's byte range only, released when the tensor is done.
+full-size float32 temporary, and the raw bytes are read through a memory map of each
+chunk's byte range only, released when the chunk is done. :func:`dequantize_chunks` hands
+the chunks themselves to a reader that stores something smaller (the int8 loader).
 """
 
 from __future__ import annotations
+
+import dataclasses
+import os
+import weakref
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -23,7 +29,8 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from handformer.pretrained.gguf.reader import GGUFFile, TensorInfo
 
-__all__ = ["dequantize_tensor", "supported_types", "CHUNK_VALUES"]
+__all__ = ["dequantize_tensor", "dequantize_chunks", "GGUFRows", "supported_types",
+           "CHUNK_VALUES"]
 
 CHUNK_VALUES = 1 << 20  # about 4 MB of float32 per chunk: the temporaries stay in cache
 
@@ -66,21 +73,9 @@ def dequantize_tensor(file: GGUFFile, info: TensorInfo, *, dtype: torch.dtype = 
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
-    if info.ggml_type not in supported_types():
-        raise file.error(f"tensor {info.name!r} type", f"{info.ggml_type.name} cannot be "
-                         f"dequantized (gguf.quants supports "
-                         f"{', '.join(sorted(t.name for t in supported_types()))})")
+    _check(file, info, row_order)
     cols = info.shape[-1]
     rows = info.numel // cols
-    if row_order is not None and tuple(row_order.shape) != (rows,):
-        raise ValueError(f"row_order must have shape ({rows},) for tensor {info.name!r}, got "
-                         f"{tuple(row_order.shape)}")
-    current = file.path.stat().st_size
-    if current != file.size:
-        raise file.error(f"tensor {info.name!r}", f"the file changed size since it was read "
-                         f"({file.size} -> {current} bytes)")
-    block, type_size = GGML_QUANT_SIZES[info.ggml_type]
-    row_bytes = cols // block * type_size
     if out is None:
         out = torch.empty(rows, cols, dtype=dtype)  # (rows, cols): all dims but the last: rows
     elif (tuple(out.shape) != tuple(info.shape) or out.dtype != dtype
@@ -93,15 +88,77 @@ def dequantize_tensor(file: GGUFFile, info: TensorInfo, *, dtype: torch.dtype = 
     # numpy writes straight into float32/16/64 outputs (one thread: the copies are memory-bound
     # and torch's thread pool only adds waiting on a busy machine); bfloat16 goes through torch.
     out_np = None if dtype == torch.bfloat16 else out.numpy()
+    for rows_out, values in dequantize_chunks(file, info, row_order=row_order, offset=offset):
+        if out_np is not None:
+            out_np[rows_out] = values  # rounds once to the output dtype
+        else:
+            chunk = torch.from_numpy(values).to(dtype)
+            if isinstance(rows_out, slice):
+                out[rows_out] = chunk
+            else:
+                out[torch.from_numpy(rows_out)] = chunk
+    return out.reshape(info.shape)
+
+
+def _check(file: GGUFFile, info: TensorInfo, row_order: torch.Tensor | None) -> None:
+    if info.ggml_type not in supported_types():
+        raise file.error(f"tensor {info.name!r} type", f"{info.ggml_type.name} cannot be "
+                         f"dequantized (gguf.quants supports "
+                         f"{', '.join(sorted(t.name for t in supported_types()))})")
+    rows = info.numel // info.shape[-1]
+    if row_order is not None and tuple(row_order.shape) != (rows,):
+        raise ValueError(f"row_order must have shape ({rows},) for tensor {info.name!r}, got "
+                         f"{tuple(row_order.shape)}")
+    current = file.path.stat().st_size
+    if current != file.size:
+        raise file.error(f"tensor {info.name!r}", f"the file changed size since it was read "
+                         f"({file.size} -> {current} bytes)")
+
+
+def dequantize_chunks(file: GGUFFile, info: TensorInfo, *,
+                      row_order: torch.Tensor | None = None, offset: float = 0.0,
+                      chunk_values: int = CHUNK_VALUES
+                      ) -> Iterator[tuple[slice | np.ndarray, np.ndarray]]:
+    """Dequantize one tensor of a GGUF file a chunk of rows at a time (about
+    ``CHUNK_VALUES`` values each), for a reader that keeps something smaller than float32.
+
+    Only the chunk's bytes are mapped while it is dequantized (a mapping of the whole tensor
+    would keep every page it touched resident until the tensor is done: 178 MB for Gemma 3's
+    embedding).
+
+    Args:
+        file, info, row_order, offset: as :func:`dequantize_tensor`'s.
+        chunk_values: about how many values a chunk holds (whole rows, at least one).
+
+    Returns:
+        An iterator of ``(rows, values)``: ``values`` a float32 ``(n, cols)`` array (read-only
+        for F32 tensors), ``rows`` where they go in the result (a slice, or an int64 array
+        under ``row_order``), every row once.
+
+    Raises:
+        CheckpointError, ValueError: as :func:`dequantize_tensor` (the checks on the
+            arguments before the first chunk; a NaN or infinite row when it is reached).
+    """
+    _check(file, info, row_order)
     order = None if row_order is None else row_order.numpy()
-    # A memory map of this tensor's bytes alone; dropped (unmapped) when the function returns.
-    raw = np.memmap(file.path, dtype=np.uint8, mode="r", offset=info.offset,
-                    shape=(rows, row_bytes))
-    step = max(1, CHUNK_VALUES // cols)
+    return _chunks(file, info, order, offset, chunk_values)
+
+
+def _chunks(file: GGUFFile, info: TensorInfo, order: np.ndarray | None, offset: float,
+            chunk_values: int = CHUNK_VALUES
+            ) -> Iterator[tuple[slice | np.ndarray, np.ndarray]]:
+    cols = info.shape[-1]
+    rows = info.numel // cols
+    block, type_size = GGML_QUANT_SIZES[info.ggml_type]
+    row_bytes = cols // block * type_size
+    step = max(1, chunk_values // cols)
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
+        # this chunk's bytes alone, unmapped when the chunk is done
+        raw = np.memmap(file.path, dtype=np.uint8, mode="r", offset=info.offset + r0 * row_bytes,
+                        shape=(r1 - r0, row_bytes))
         with np.errstate(invalid="ignore", over="ignore"):  # reported below, in one line
-            values = quants.dequantize(np.asarray(raw[r0:r1]), info.ggml_type)  # (r, cols)
+            values = quants.dequantize(np.asarray(raw), info.ggml_type)  # (r, cols)
             values = values.astype(np.float32, copy=False)
             if not np.isfinite(values.sum()) and not np.isfinite(values).all():
                 bad = r0 + int(np.flatnonzero(~np.isfinite(values).all(axis=1))[0])
@@ -109,16 +166,79 @@ def dequantize_tensor(file: GGUFFile, info: TensorInfo, *, dtype: torch.dtype = 
                                  f"values (a damaged {info.ggml_type.name} scale or value)")
         if offset:
             values = values + np.float32(offset)  # in float32, as llama.cpp added it
-        rows_out = slice(r0, r1) if order is None else order[r0:r1]
-        if out_np is not None:
-            out_np[rows_out] = values  # rounds once to the output dtype
+        elif info.ggml_type == GGMLQuantizationType.F32:  # a view of the map: copied, so
+            values = values.copy()  # that the map can go
+        del raw
+        yield (slice(r0, r1) if order is None else order[r0:r1]), values
+
+
+class GGUFRows:
+    """The rows of one 2-D tensor of a GGUF file, read and dequantized when they are looked
+    up: how an int8 model keeps its token embedding (the file stays the only copy; nothing of
+    the table is resident, where an int8 table would hold a second copy of a tied head:
+    168 MB for Gemma 3). The file is held open, so renaming or deleting it does not matter;
+    rewriting it in place does (a change of size is caught at the next lookup).
+
+    Args:
+        file: the parsed file.
+        info: one of its 2-D tensors.
+
+    Attributes:
+        shape: ``(rows, cols)``.
+
+    Raises:
+        ValueError: for a tensor that is not 2-D.
+        CheckpointError: for a type ``gguf.quants`` cannot dequantize, or a file that changed
+            size since it was read.
+    """
+
+    def __init__(self, file: GGUFFile, info: TensorInfo) -> None:
+        if len(info.shape) != 2:
+            raise ValueError(f"GGUFRows reads a 2-D tensor, {info.name!r} has shape "
+                             f"{info.shape}")
+        _check(file, info, None)
+        # the file without its metadata (a 262k-token vocabulary is 37 MB of Python strings)
+        self._file = dataclasses.replace(file, metadata={}, value_types={},
+                                         tensors={info.name: info})
+        self._info = info
+        self.shape = info.shape
+        block, type_size = GGML_QUANT_SIZES[info.ggml_type]
+        self._row_bytes = info.shape[1] // block * type_size
+        self._fd = os.open(file.path, os.O_RDONLY)
+        self._closer = weakref.finalize(self, os.close, self._fd)
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` (an integer tensor of any shape) -> ``(*ids.shape, cols)`` float32,
+        as :func:`dequantize_tensor` computes them.
+
+        Raises:
+            IndexError: for an id outside ``[0, rows)``.
+            CheckpointError: for a file that changed size since it was read.
+        """
+        rows, cols = self.shape
+        flat = ids.reshape(-1)  # (n,)
+        low, high = (int(flat.min()), int(flat.max())) if flat.numel() else (0, 0)
+        if low < 0 or high >= rows:
+            raise IndexError(f"{self._info.name}: row ids must lie in [0, {rows}), got "
+                             f"{low if low < 0 else high}")
+        if os.fstat(self._fd).st_size != self._file.size:
+            raise self._file.error(f"tensor {self._info.name!r}", "the file changed size "
+                                   "since it was read")
+        if flat.numel() == 1:
+            wanted, inverse = flat, None
         else:
-            if not values.flags.writeable:  # F32 rows are a view of the read-only map
-                values = values.copy()
-            chunk = torch.from_numpy(values).to(dtype)
-            if order is None:
-                out[r0:r1] = chunk
-            else:
-                out[torch.from_numpy(order[r0:r1])] = chunk
-    del raw
-    return out.reshape(info.shape)
+            wanted, inverse = torch.unique(flat, return_inverse=True)  # sorted, (u,), (n,)
+        size = self._row_bytes
+        raw = np.empty((len(wanted), size), dtype=np.uint8)  # (u, bytes per row)
+        for i, row in enumerate(wanted.tolist()):
+            raw[i] = np.frombuffer(os.pread(self._fd, size, self._info.offset + row * size),
+                                   dtype=np.uint8)
+        values = torch.from_numpy(np.asarray(quants.dequantize(raw, self._info.ggml_type),
+                                             dtype=np.float32))  # (u, cols)
+        if inverse is not None:
+            values = values[inverse]  # (n, cols)
+        return values.reshape(*ids.shape, cols)
+
+    def table(self) -> torch.Tensor:
+        """Every row, ``(rows, cols)`` float32 (:func:`dequantize_tensor`)."""
+        return dequantize_tensor(self._file, self._info)

@@ -1,0 +1,280 @@
+"""int8 against float32 on the two shipped GGUF models (issue 37, section 1).
+
+Section 6 of ``bench_llm.py``; alone: ``.venv/bin/python benchmarks/bench_llm.py --int8``
+(it writes this section into ``results/llm.json`` and ``llm.md`` and keeps the others).
+Per model (SmolLM2-135M-Instruct, Q4_1, 98 MB; Gemma 3 270M, Q4_K_M, 253 MB; quick mode:
+SmolLM2 alone, short runs), float32 and int8 loaded from the same file:
+
+1. ``load_lm`` in a fresh process, float32 and ``quantize="int8"``: seconds and peak RSS
+   growth after ``import handformer`` (VmHWM less VmRSS before the call); goal int8 <= 2x
+   the GGUF file;
+2. agreement with float32 on an English, a Chinese and a code prompt (those of
+   ``tests/test_quantize.py``), as llama.cpp reports its quantizations: top-1 agreement,
+   mean KL(float32 || int8) per token, largest logit difference; goal >= 95 % over the three;
+3. greedy decoding, ms per new token after 128 tokens of context, 1 and 2 threads, float32
+   and int8 interleaved round by round: CPU time (``time.process_time``, which a shared
+   host's other jobs do not add to at one thread) and wall time, the minimum over rounds (a
+   shared host only ever adds time); goal int8 <= 1.5x llama.cpp;
+4. prefill of 512 tokens, CPU seconds, interleaved, the minimum; goal int8 <= float32;
+5. the floor: bytes read per token (int8: the int8 weights and the exact columns; float32:
+   the weights) over the bandwidth a float32 matrix-vector sweep over the float32 model's
+   weights reaches in the same run, one thread;
+6. llama.cpp on the same file: ``LLAMA_BENCH=/path/to/llama-bench`` measures it in this run
+   (CPU time per generated token, from two run lengths, so that loading drops out; 1 and 2
+   threads), else the figures measured on this host for the issue (1 thread).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import QUICK, interleaved_runs  # noqa: E402
+from handformer.models.quantized import Int8Linear  # noqa: E402
+from handformer.pretrained import load_lm  # noqa: E402
+
+MODELS = ("smollm2-135m-instruct",) if QUICK else ("smollm2-135m-instruct", "gemma3-270m")
+THREADS = (1,) if QUICK else (1, 2)
+CONTEXT = 32 if QUICK else 128
+NEW = 8 if QUICK else 33
+ROUNDS = 1 if QUICK else 3
+PREFILL = 32 if QUICK else 512
+# llama.cpp's ms of CPU per token on the same files, 1 thread, measured on this host for issue
+# 37 (used when LLAMA_BENCH is not set)
+LLAMA_CPP_MS = {"smollm2-135m-instruct": 14.2, "gemma3-270m": 19.4}
+GOALS = {"decode_vs_llama_cpp": 1.5, "rss_vs_file": 2.0, "agreement": 0.95,
+         "prefill_vs_float32": 1.0}
+# The prompts of tests/test_quantize.py (English, Chinese, code).
+PROMPTS = {
+    "english": "The history of the printing press begins in the fifteenth century, when "
+               "Johannes Gutenberg combined movable metal type, oil-based ink and a screw "
+               "press. Within fifty years, presses across Europe had produced millions of "
+               "books, and ideas travelled faster than ever before.",
+    "chinese": "北京是中国的首都，有三千多年的历史。这座城市有许多著名的景点，比如故宫、天坛和"
+               "长城。每年都有成千上万的游客来这里参观，品尝北京烤鸭。",
+    "code": "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+            "    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n\n\n"
+            "for i in range(10):\n    print(i, fibonacci(i))\n",
+}
+
+# VmHWM after the call less VmRSS before it, in a fresh process, after `import handformer`
+LOAD_SCRIPT = """
+import sys, time
+import handformer
+from handformer.pretrained import load_lm
+def status(field):
+    return int(open("/proc/self/status").read().split(field + ":")[1].split()[0]) * 1024
+before = status("VmRSS")
+start = time.perf_counter()
+model, _ = load_lm(sys.argv[1], tokenizer=False, quantize=(sys.argv[2:] or [None])[0])
+print(time.perf_counter() - start, status("VmHWM") - before)
+"""
+
+
+def load_memory(path: Path, quantize: str | None) -> dict:
+    """``load_lm``'s seconds and peak RSS growth in a fresh process."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"),
+           "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, str(path),
+                           *([quantize] if quantize else [])], env=env, capture_output=True,
+                          text=True, check=True)
+    seconds, growth = (float(x) for x in done.stdout.split()[-2:])
+    return {"seconds": seconds, "peak_rss_growth_bytes": growth}
+
+
+def agreement(fp: torch.nn.Module, q8: torch.nn.Module, tok: object) -> dict:
+    """Top-1 agreement, mean KL and the largest logit difference per prompt and overall."""
+    rows, same_all, total = {}, 0, 0
+    for name, text in PROMPTS.items():
+        ids = torch.tensor([tok.encode(text)])
+        with torch.inference_mode():
+            ref, out = fp(ids).logits[0], q8(ids).logits[0]  # (L, V)
+        same = int((ref.argmax(-1) == out.argmax(-1)).sum())
+        kl = F.kl_div(out.log_softmax(-1), ref.log_softmax(-1), log_target=True,
+                      reduction="none").sum(-1).mean()  # KL(float32 || int8) per token
+        rows[name] = {"tokens": len(ref), "top1": same / len(ref), "mean_kl": float(kl),
+                      "max_logit_diff": float((out - ref).abs().max())}
+        same_all, total = same_all + same, total + len(ref)
+    return {"prompts": rows, "top1": same_all / total, "tokens": total}
+
+
+def decode_ms(model: torch.nn.Module, ids: torch.Tensor) -> tuple[float, float]:
+    """Greedy decoding, ms per token from the first new token to the last: (CPU, wall)."""
+    stamps: list[tuple[float, float]] = []
+
+    def streamer(_: torch.Tensor) -> None:
+        stamps.append((time.process_time(), time.perf_counter()))
+
+    with torch.inference_mode():
+        model.generate(ids, max_new_tokens=NEW, streamer=streamer)
+    (c0, w0), (c1, w1) = stamps[0], stamps[-1]  # stamps[0]: after the prefill
+    return (c1 - c0) / (len(stamps) - 1) * 1e3, (w1 - w0) / (len(stamps) - 1) * 1e3
+
+
+def int8_bytes(model: torch.nn.Module) -> int:
+    """What an int8 step reads: each Int8Linear's int8 weights and exact columns."""
+    total, seen = 0, set()
+    for m in model.modules():
+        if type(m) is Int8Linear and id(m._group) not in seen:  # a group's matrix once
+            seen.add(id(m._group))
+            total += m.in_features * sum(m._group.sizes)
+            if m._group.exact_t is not None:
+                total += m._group.exact_t.numel() * 4
+    return total
+
+
+def bandwidth(fp: torch.nn.Module) -> tuple[float, int]:
+    """GB/s of float32 matrix-vector products over every weight of ``fp`` (1 thread), and
+    those bytes."""
+    weights = [m.weight for m in fp.modules() if isinstance(m, torch.nn.Linear)]
+    xs = {n: torch.randn(1, n) for n in {w.shape[1] for w in weights}}
+
+    def sweep() -> None:
+        with torch.inference_mode():
+            for w in weights:
+                F.linear(xs[w.shape[1]], w)
+
+    nbytes = sum(w.numel() * 4 for w in weights)
+    runs = interleaved_runs({"sweep": sweep}, repeats=1 if QUICK else 5, warmup=1,
+                            clock=time.process_time)
+    return nbytes / min(runs["sweep"]) / 1e9, nbytes
+
+
+def llama_cpp(path: Path, threads: int) -> dict | None:
+    """llama.cpp's ms per generated token on ``path`` (``LLAMA_BENCH``), or None."""
+    binary = os.environ.get("LLAMA_BENCH")
+    if not binary:
+        return None
+
+    def run(n: int) -> tuple[float, float]:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        done = subprocess.run([binary, "-m", str(path), "-p", "0", "-n", str(n), "-r", "3",
+                               "-t", str(threads), "-o", "json"], capture_output=True,
+                              text=True, check=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+        speed = json.loads(done.stdout)[0]["avg_ts"]  # tokens per second (wall)
+        return cpu, 1e3 / speed
+
+    short, long = (4, 16) if QUICK else (16, 64)
+    (cpu0, _), (cpu1, wall) = run(short), run(long)
+    return {"cpu_ms": (cpu1 - cpu0) / (3 * (long - short)) * 1e3, "wall_ms": wall}
+
+
+def bench_model(name: str) -> dict:
+    from handformer.pretrained.gguf.shipped import shipped_path
+
+    path = shipped_path(name)
+    memory = {q or "float32": load_memory(path, q) for q in (None, "int8")}
+    torch.set_num_threads(1)
+    fp, tok = load_lm(path)
+    q8, _ = load_lm(path, tokenizer=False, quantize="int8")
+    agree = agreement(fp, q8, tok)
+    gbps, fp_bytes = bandwidth(fp)
+    q8_bytes = int8_bytes(q8)
+    text = tok.encode(PROMPTS["english"])
+    ids = torch.tensor([(text * (CONTEXT // len(text) + 1))[:CONTEXT]])
+    prefill_ids = torch.tensor([(text * (PREFILL // len(text) + 1))[:PREFILL]])
+    rows = []
+    for threads in THREADS:
+        torch.set_num_threads(threads)
+        runs: dict[str, list[tuple[float, float]]] = {"float32": [], "int8": []}
+        for _ in range(ROUNDS):
+            for label, model in (("float32", fp), ("int8", q8)):
+                runs[label].append(decode_ms(model, ids))
+
+        def prefill(m: torch.nn.Module) -> None:
+            with torch.inference_mode():
+                m(prefill_ids)
+
+        prefills = interleaved_runs({"float32": lambda: prefill(fp),
+                                     "int8": lambda: prefill(q8)},
+                                    repeats=ROUNDS, clock=time.process_time)
+        row = {"threads": threads,
+               "decode_cpu_ms": {k: min(c for c, _ in v) for k, v in runs.items()},
+               "decode_wall_ms": {k: min(w for _, w in v) for k, v in runs.items()},
+               "prefill_cpu_s": {k: min(v) for k, v in prefills.items()},
+               "llama_cpp": llama_cpp(path, threads)}
+        rows.append(row)
+        print(f"{name}, {threads} thread(s): decode int8 {row['decode_cpu_ms']['int8']:.1f} "
+              f"ms/token CPU ({row['decode_wall_ms']['int8']:.1f} wall), float32 "
+              f"{row['decode_cpu_ms']['float32']:.1f} ({row['decode_wall_ms']['float32']:.1f})"
+              f"; prefill {PREFILL} tokens int8 {row['prefill_cpu_s']['int8']:.2f} s, float32 "
+              f"{row['prefill_cpu_s']['float32']:.2f} s; llama.cpp {row['llama_cpp']}",
+              flush=True)
+    torch.set_num_threads(1)
+    return {"model": name, "gguf_bytes": path.stat().st_size, "load": memory,
+            "agreement": agree, "threads": rows, "bandwidth_gb_per_s": gbps,
+            "bytes_per_token": {"float32": fp_bytes, "int8": q8_bytes},
+            "floor_ms": {"float32": fp_bytes / gbps / 1e6, "int8": q8_bytes / gbps / 1e6},
+            "context": CONTEXT, "new_tokens": NEW}
+
+
+def bench_int8() -> tuple[dict, list[str]]:
+    """Section 6 for every model: ``(data, markdown lines)``."""
+    start = os.getloadavg()
+    models = [bench_model(name) for name in MODELS]
+    end = os.getloadavg()
+    data = {"models": models, "goals": GOALS, "llama_cpp_issue_ms": LLAMA_CPP_MS,
+            "load_average_start": list(start), "load_average_end": list(end)}
+    return data, markdown(data)
+
+
+def markdown(data: dict) -> list[str]:
+    ok = lambda c: "yes" if c else "NO"  # noqa: E731
+    start, end = data["load_average_start"][0], data["load_average_end"][0]
+    lines = ["## int8 (`quantize=\"int8\"`) on the shipped GGUF models", "",
+             f"Load average {start:.1f} at the start, {end:.1f} at the end. Decode: ms per "
+             f"new token after {CONTEXT} tokens, the minimum of {ROUNDS} rounds, CPU time "
+             "(wall time in brackets); llama.cpp: measured in this run where a figure has "
+             "(run), else the issue's figure on this host (1 thread). The floor: bytes per "
+             "token over the bandwidth of a float32 matrix-vector sweep in this run.", "",
+             "| model | threads | int8 | float32 | int8 floor | llama.cpp | int8 / llama.cpp "
+             "(goal ≤ 1.5) | prefill int8 / float32 (goal ≤ 1) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for m in data["models"]:
+        for r in m["threads"]:
+            d, w, p = r["decode_cpu_ms"], r["decode_wall_ms"], r["prefill_cpu_s"]
+            ref, issue = r["llama_cpp"], data["llama_cpp_issue_ms"][m["model"]]
+            llama, where = ((ref["cpu_ms"], " (run)") if ref else
+                            (issue, "") if r["threads"] == 1 else (None, ""))
+            goal = GOALS["decode_vs_llama_cpp"]
+            ratio = "" if llama is None else (
+                f"{d['int8'] / llama:.2f} {ok(d['int8'] / llama <= goal)}")
+            lines.append(
+                f"| {m['model']} | {r['threads']} | {d['int8']:.1f} ({w['int8']:.1f}) | "
+                f"{d['float32']:.1f} ({w['float32']:.1f}) | {m['floor_ms']['int8']:.1f} | "
+                f"{'' if llama is None else f'{llama:.1f}{where}'} | {ratio} | "
+                f"{p['int8'] / p['float32']:.2f} {ok(p['int8'] <= p['float32'])} |")
+    lines += ["", "| model | GGUF file | peak RSS growth, int8 (goal ≤ 2x file) | float32 | "
+              "top-1 agreement (goal ≥ 95 %) | mean KL per prompt | max logit diff |",
+              "|---|---|---|---|---|---|---|"]
+    for m in data["models"]:
+        size, a = m["gguf_bytes"], m["agreement"]
+        rss = {k: v["peak_rss_growth_bytes"] for k, v in m["load"].items()}
+        kls = ", ".join(f"{k} {v['mean_kl']:.4f}" for k, v in a["prompts"].items())
+        top = ", ".join(f"{v['top1']:.0%}" for v in a["prompts"].values())
+        lines.append(
+            f"| {m['model']} | {size / 1e6:.0f} MB | {rss['int8'] / 1e6:.0f} MB "
+            f"({rss['int8'] / size:.2f}x) {ok(rss['int8'] <= GOALS['rss_vs_file'] * size)} | "
+            f"{rss['float32'] / 1e6:.0f} MB | {a['top1']:.1%} ({top}; {a['tokens']} tokens) "
+            f"{ok(a['top1'] >= GOALS['agreement'])} | {kls} | "
+            f"{max(v['max_logit_diff'] for v in a['prompts'].values()):.2f} |")
+    lines += ["", "Bytes per token and bandwidth: " + "; ".join(
+        f"{m['model']} int8 {m['bytes_per_token']['int8'] / 1e6:.0f} MB, float32 "
+        f"{m['bytes_per_token']['float32'] / 1e6:.0f} MB at {m['bandwidth_gb_per_s']:.1f} GB/s"
+        for m in data["models"]) + ".", ""]
+    return lines
+
+
+if __name__ == "__main__":
+    print("\n".join(bench_int8()[1]))
