@@ -41,7 +41,7 @@ slower at one row: torch's weight-only ``_weight_int8pack_mm`` (0.05 ms and 4.4 
 bfloat16 activations; 0.7 ms and 24 ms with float32 ones), its 4-bit
 ``_weight_int4pack_mm_for_cpu`` (0.06 ms and 2.0 ms, bfloat16), oneDNN's
 ``onednn.qlinear_pointwise`` (45 us and 1.9 ms), torchao 0.18's int8 paths (58-92 ms on the
-head). ``torch.ao``'s quantized tensors are deprecated; if they go, this module is the one
+head, measured when this module was first written). ``torch.ao``'s quantized tensors are deprecated; if they go, this module is the one
 place to change (docs/llms.md, "Quantized inference", has the figures and what int8 changes
 for interpretability).
 
@@ -225,8 +225,8 @@ class Int8Group:
 
     def __init__(self, weights: list[QuantizedRows]) -> None:
         if len({w.shape[1] for w in weights}) != 1:
-            raise ValueError(f"an Int8Group's projections read one input size, got "
-                             f"{[w.shape for w in weights]}")
+            raise ValueError(f"Int8Group: weights must share one input size (they multiply "
+                             f"one input), got shapes {[w.shape for w in weights]}")
         self.sizes = [w.shape[0] for w in weights]
         self.in_features = weights[0].shape[1]
         self.starts = [sum(self.sizes[:i]) for i in range(len(weights))]
