@@ -85,7 +85,7 @@ def floor_step(ours: torch.nn.Module, context: int) -> callable:
     kv = [(torch.randn(1, H_kv, context, D), torch.randn(1, H_kv, context, D))
           for _ in range(c.num_layers)]
     layers = [[m for m in layer.modules() if isinstance(m, torch.nn.Linear)]
-              for layer in ours.layers]
+              for layer in ours.blocks]
     inputs = {n: torch.randn(1, 1, n) for ls in layers for n in {m.in_features for m in ls}}
     head, x = ours.lm_head.weight, torch.randn(1, 1, c.d_model)
 

@@ -102,8 +102,8 @@ def main() -> None:
     model, tokenizer, name = load(args.model)
     for p in model.parameters():
         p.requires_grad_(False)
-    N = len(model.layers)
-    H = model.layers[0].self_attn.num_heads
+    N = len(model.blocks)
+    H = model.blocks[0].attn.num_heads
     V = model.lm_head.weight.shape[0]
     torch.manual_seed(1)
     ids = torch.randint(min(100, V // 2), min(V, 20000), (1, TOKENS))

@@ -49,8 +49,8 @@ def load(source: str) -> tuple[torch.nn.Module, object]:
 
 def swap(model: torch.nn.Module, make: object) -> None:
     """Every layer's attention kind replaced by ``make(old_kind)``."""
-    for layer in model.layers:
-        layer.self_attn.attention = make(layer.self_attn.attention)
+    for layer in model.blocks:
+        layer.attn.attention = make(layer.attn.attention)
 
 
 def token_losses(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
@@ -74,7 +74,7 @@ def main() -> None:
     if len(ids) < args.tokens:
         raise SystemExit(f"the text has only {len(ids)} tokens")
     ids = torch.tensor([ids])  # (1, L)
-    originals = [layer.self_attn.attention for layer in model.layers]
+    originals = [layer.attn.attention for layer in model.blocks]
     kinds = {
         "full attention": lambda old: old,
         f"window {args.window} (last {args.window // 2 + 1} keys)":
@@ -84,13 +84,13 @@ def main() -> None:
     }
     losses, seconds = {}, {}
     for label, make in kinds.items():
-        for layer, old in zip(model.layers, originals, strict=True):
-            layer.self_attn.attention = make(old)
+        for layer, old in zip(model.blocks, originals, strict=True):
+            layer.attn.attention = make(old)
         start = time.perf_counter()
         losses[label] = token_losses(model, ids)
         seconds[label] = time.perf_counter() - start
-    for layer, old in zip(model.layers, originals, strict=True):
-        layer.self_attn.attention = old
+    for layer, old in zip(model.blocks, originals, strict=True):
+        layer.attn.attention = old
     ppl = {k: math.exp(float(v.mean())) for k, v in losses.items()}
     past = {k: math.exp(float(v[args.window:].mean())) for k, v in losses.items()}
     positions, curves = _curves(losses)

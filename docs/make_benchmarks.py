@@ -10,7 +10,6 @@ report can always be regenerated.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -19,10 +18,19 @@ from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, NullFormatter, NullLocator
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_report import (  # noqa: E402
+    RESULTS,
+    ROOT,
+    fmt_s,
+    load,
+    log_axes,
+    machine_line,
+    own_reports,
+    reproduce,
+)
+
 DOCS = ROOT / "docs"
 IMG = DOCS / "img"
 STYLE = {  # colour, marker, label of each attention kind in the plots
@@ -32,26 +40,6 @@ STYLE = {  # colour, marker, label of each attention kind in the plots
     "linear": ("#d62728", "D", "handformer linear"),
     "linear_causal": ("#ff7f0e", "v", "handformer linear, causal"),
 }
-
-
-def load(name: str, results: Path = RESULTS) -> dict | None:
-    path = results / f"{name}.json"
-    if not path.is_file():
-        return None
-    return json.loads(path.read_text())
-
-
-def machine_line(data: dict) -> str:
-    m = data.get("machine", {})
-    line = (f"Measured {m.get('date', '(date not recorded)')} on {m.get('platform', '?')}, "
-            f"{m.get('cpu_count', '?')} CPUs ({m.get('torch_threads', '?')} torch threads), "
-            f"torch {m.get('torch', '?')}, Python {m.get('python', '?')}.")
-    load = data.get("load_average_start_end")
-    if load:
-        line += f" 1-minute load average {load[0]:.1f} at the start, {load[1]:.1f} at the end"
-        busy = isinstance(m.get("cpu_count"), int) and max(load) > m["cpu_count"]
-        line += " (more than the CPUs: other jobs were competing for them)." if busy else "."
-    return line
 
 
 def new_figure(width: float, height: float) -> Figure:
@@ -68,32 +56,6 @@ def save(fig: Figure, name: str) -> str:
     fig.savefig(tmp, format="png")
     os.replace(tmp, IMG / name)
     return f"img/{name}"
-
-
-def log_axes(ax, xs: list[int]) -> None:  # noqa: ANN001 - matplotlib Axes
-    """Log x axis with the measured lengths as plain tick labels; log y axis when the values
-    span more than a factor of 20 (linear from 0 otherwise, where a log axis has no labels)."""
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(xs)
-    ax.set_xticklabels([str(x) for x in xs])
-    ax.xaxis.set_minor_locator(NullLocator())
-    ys = [y for line in ax.get_lines() for y in line.get_ydata() if y > 0]
-    if ys and max(ys) / min(ys) > 20:
-        ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
-        ax.yaxis.set_minor_formatter(NullFormatter())
-    else:
-        ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3, which="both")
-
-
-def fmt_s(seconds: float) -> str:
-    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
-
-
-def reproduce(script: str) -> str:
-    return (f"Regenerate: `make bench` (all benchmarks) or `.venv/bin/python benchmarks/{script}`, "
-            "then `make docs`.")
 
 
 # ---- sections ------------------------------------------------------------------------------
@@ -614,6 +576,7 @@ def main(args: list[str]) -> int:
             missing.append(f"- `{name}`: `benchmarks/results/{name}.json` has an unexpected "
                            f"layout ({type(exc).__name__}: {exc}); rerun "
                            f"`.venv/bin/python benchmarks/{script}`.")
+    lines += own_reports(results, {name for name, _, _ in SECTIONS})
     if missing:
         lines += ["## Not in this report", "", *missing, ""]
     text = "\n".join(lines)

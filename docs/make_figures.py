@@ -10,7 +10,8 @@ library's own axis labels (``plot_attention``'s "Key (attended to)", ...) stay E
 
 Nothing here is drawn by hand: the attention maps come from the bundled all-MiniLM-L6-v2, from
 the shipped Gemma 3 270M (the Chinese tutorial's chapter 5, Chinese titles) and from a model
-trained here on ``reverse``; the patterns come from the attention kinds; the
+trained here on ``reverse``; chapter 13's attribution graph from the tutorial's own code (its
+blocks run here); the patterns come from the attention kinds; the
 "seed, as written" panels run the arithmetic of the seed tutorial's section 7 masks. The cost
 curves of chapter 7 are drawn by docs/make_benchmarks.py from benchmarks/results/.
 
@@ -67,6 +68,8 @@ TEXT = {
         "restored_title": 'patching each head of the "tired" run into the "wide" run',
         "inside_rollout": "all-MiniLM-L6-v2: where the final 'it' comes from "
                           "(raw = layer 5, head 11)",
+        "paris_graph": "SmolLM2, 'The capital of France is': {nodes} nodes and {edges} edges "
+                       "kept\n(replacement score {replacement:.2f}, completeness {complete:.2f})",
     },
     "zh": {
         "seed_attention": "all-MiniLM-L6-v2 第 3 层第 1 个头：“it” 看向 “animal”",
@@ -90,6 +93,8 @@ TEXT = {
         "restored": "leans_to_animal 的变化",
         "restored_title": "把 tired 运行的每个头逐一修补进 wide 运行",
         "inside_rollout": "all-MiniLM-L6-v2：最终的 “it” 从哪里来（raw = 第 5 层第 11 个头）",
+        "paris_graph": "SmolLM2 上的 “The capital of France is”：剪枝后留下 {nodes} 个节点、"
+                       "{edges} 条边\n（替换分数 {replacement:.2f}，完整性分数 {complete:.2f}）",
     },
 }
 
@@ -424,10 +429,56 @@ def inside_rollout() -> None:
         save(fig, "inside_rollout", lang)
 
 
+# ---- chapter 13: the attribution graph of "The capital of France is" ------------------------
+
+FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.M | re.S)
+
+
+def tutorial_code(start: str, stop: str) -> list[str]:
+    """The shared python blocks of tutorial.en.md between the headings ``start`` and ``stop``
+    (the two tutorials hold the same code: tests/test_tutorials.py)."""
+    text = (IMG.parent / "tutorial.en.md").read_text(encoding="utf-8")
+    part = text[text.index(f"\n{start}"):text.index(f"\n{stop}")]
+    return [m.group(2) for m in FENCE.finditer(part) if m.group(1).strip() == "python"]
+
+
+def paris_graph() -> None:
+    """Chapter 13: the pruned graph, made by the tutorial's own blocks of 13.2 to 13.4 (run
+    here after what they read from chapter 11: the model, its tokenizer, the id of " Paris"),
+    drawn at 72 dpi with each language's title."""
+    import contextlib
+    import io
+
+    from PIL import Image
+
+    from handformer import inspect as hi
+    from handformer.features import draw_graph
+    from handformer.pretrained import load_lm
+
+    smol, tokenizer = load_lm("smollm2-135m-instruct")
+    names = {"torch": torch, "hi": hi, "smol": smol, "smol_tok": tokenizer,
+             "paris": hi.to_single_token(tokenizer, " Paris"), "__name__": "tutorial"}
+    with contextlib.redirect_stdout(io.StringIO()):
+        for block in tutorial_code("## 13.", "### 13.5"):
+            exec(compile(block, "tutorial.en.md, chapter 13", "exec"), names)  # noqa: S102
+    graph, kept = names["graph"], names["kept"]
+    numbers = dict(nodes=int(kept.node_mask.sum()), edges=int(kept.edge_mask.sum()),
+                   replacement=graph.replacement_score, complete=graph.completeness_score)
+    words = hi.to_str_tokens(tokenizer, "The capital of France is")
+    with matplotlib.rc_context({"savefig.dpi": 72}):
+        for lang in TEXT:
+            path = draw_graph(graph, image("paris_graph", lang), pruned=kept,
+                              prompt_tokens=words, title=say(lang, "paris_graph", **numbers))
+            # 256 colours (octree keeps the few node colours): a sixth of the bytes
+            small = Image.open(path).convert("RGBA").quantize(256, Image.Quantize.FASTOCTREE)
+            small.save(path, optimize=True)
+
+
 FIGURES = {"seed_attention": seed_attention, "zh_gemma": zh_gemma,
            "seed_variants": seed_variants,
            "patterns": patterns, "reverse_training": reverse_training,
-           "inside_heads": inside_heads, "inside_rollout": inside_rollout}
+           "inside_heads": inside_heads, "inside_rollout": inside_rollout,
+           "paris_graph": paris_graph}
 
 
 def main(names: list[str]) -> int:

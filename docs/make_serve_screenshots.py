@@ -2,11 +2,15 @@
 
     .venv/bin/python docs/make_serve_screenshots.py                 # the bundled encoder
     .venv/bin/python docs/make_serve_screenshots.py --model gemma3-270m --model DIR ...
+    .venv/bin/python docs/make_serve_screenshots.py --model smollm2-135m-instruct \
+        --transcoders ~/.cache/handformer/transcoders/smollm2-135m-instruct   # + serve-graph.png
 
 Needs ``make browser-deps`` (chromium, chromedriver, fonts-noto-cjk). Writes docs/img/serve-*.png:
 the page with one head ablated, a long text zoomed in, a Chinese text on the English encoder
 (the notice), the page at 420 px, and for each ``--model`` (causal LMs) a chat turn (models
-with a chat template) or a Chinese prompt continued.
+with a chat template) or a Chinese prompt continued; with ``--transcoders`` (one per layer of
+the first ``--model``) the attribution graph of "The capital of France is", a feature's card
+shown (serve-graph.png).
 """
 
 from __future__ import annotations
@@ -62,7 +66,11 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", action="append", default=[])
+    parser.add_argument("--transcoders", default=None,
+                        help="transcoders of the first --model: also take serve-graph.png")
     args = parser.parse_args()
+    if args.transcoders and not args.model:
+        parser.error("--transcoders needs the --model they belong to")
     models = ["all-MiniLM-L6-v2", *args.model]
     server = Server(*[a for m in models for a in ("--model", m)], timeout=600)
     driver = start_chromium()
@@ -119,7 +127,37 @@ def main() -> int:
     finally:
         driver.quit()
         server.close()
+    if args.transcoders:
+        graph_shot(args.model[0], args.transcoders)
     return 0
+
+
+def graph_shot(model: str, transcoders: str) -> None:
+    """serve-graph.png: the graph of a prompt on ``model`` with ``transcoders``, a card shown."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    server = Server("--model", model, "--transcoders", transcoders, timeout=900)
+    driver = start_chromium()
+    try:
+        driver.set_window_size(1300, 1400)
+        driver.get(server.url + "/")
+        wait(driver, "return document.body.dataset.svRuns || null", "1", timeout=900)
+        driver.execute_script("document.getElementById('sv-text').value = "
+                              "'The capital of France is';"
+                              "document.getElementById('sv-graph-max').value = 400;")
+        driver.find_element(By.ID, "sv-graph-run").click()
+        wait(driver, "return document.body.dataset.svGraphs || null", "1", timeout=1800)
+        feature = driver.find_elements(By.CSS_SELECTOR, "#sv-graph .gv-node.gv-feature")[0]
+        driver.execute_script("document.getElementById('sv-graph-box').scrollIntoView()")
+        ActionChains(driver).move_to_element(feature).click().perform()
+        wait(driver, "return document.querySelector('#sv-graph .gv-card').dataset.state",
+             "card", timeout=300)
+        time.sleep(0.5)
+        shot(driver, "graph", "sv-graph-box")
+    finally:
+        driver.quit()
+        server.close()
 
 
 if __name__ == "__main__":

@@ -85,10 +85,10 @@ def zero_heads(model: torch.nn.Module, heads: list[tuple[int, int]]) -> torch.nn
     """A copy of ``model`` whose ``heads`` are removed by zeroing their columns of the output
     projection: the same as zeroing the heads' outputs, computed without any hook."""
     model = copy.deepcopy(model)
-    layers = model.encoder.layers if hasattr(model, "encoder") else model.layers
+    layers = model.blocks
     with torch.no_grad():
         for layer, head in heads:
-            attn = layers[layer].self_attn
+            attn = layers[layer].attn
             D = attn.out_proj.weight.shape[1] // attn.num_heads
             attn.out_proj.weight[:, head * D:(head + 1) * D] = 0
     return model

@@ -199,8 +199,8 @@ def test_cache_errors() -> None:
         mha(x, causal=True, cache=KVCache(), mask=torch.ones(2, 1, 3, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match="window_size must be a positive integer"):
         WindowKVCache(0)
-    linear = hf.MultiHeadAttention(16, 2, attention=make(attention="linear").layers[0]
-                                   .self_attn.attention)
+    linear = hf.MultiHeadAttention(16, 2, attention=make(attention="linear").blocks[0]
+                                   .attn.attention)
     with pytest.raises(ValueError, match="no per-key weights"):
         linear(x, causal=True, cache=LinearStateCache(), need_weights=True)
     model = make()

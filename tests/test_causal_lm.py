@@ -58,22 +58,22 @@ def reference_logits(model: hf.CausalLM, ids: torch.Tensor) -> torch.Tensor:
     x = p["tok_emb.weight"][ids] + p["pos_emb.weight"][:L]
     allowed = torch.ones(L, L, dtype=torch.bool).tril()
     for i in range(c.num_layers):
-        pre = f"layers.{i}."
+        pre = f"blocks.{i}."
 
         def lin(name: str, t: torch.Tensor, pre: str = pre) -> torch.Tensor:
             return t @ p[pre + name + ".weight"].T + p[pre + name + ".bias"]
 
-        h = F.layer_norm(x, (c.d_model,), p[pre + "norm1.weight"], p[pre + "norm1.bias"],
+        h = F.layer_norm(x, (c.d_model,), p[pre + "ln1.weight"], p[pre + "ln1.bias"],
                          c.layer_norm_eps)
-        q, k, v = (lin(f"self_attn.{n}_proj", h).view(B, L, H, D).transpose(1, 2)
+        q, k, v = (lin(f"attn.{n}_proj", h).view(B, L, H, D).transpose(1, 2)
                    for n in "qkv")
         scores = (q @ k.transpose(-1, -2) / math.sqrt(D)).masked_fill(~allowed, -math.inf)
         a = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, L, c.d_model)
-        x = x + lin("self_attn.out_proj", a)
-        h = F.layer_norm(x, (c.d_model,), p[pre + "norm3.weight"], p[pre + "norm3.bias"],
+        x = x + lin("attn.out_proj", a)
+        h = F.layer_norm(x, (c.d_model,), p[pre + "ln2.weight"], p[pre + "ln2.bias"],
                          c.layer_norm_eps)
-        x = x + lin("ff.linear2", F.gelu(lin("ff.linear1", h)))
-    x = F.layer_norm(x, (c.d_model,), p["norm.weight"], p["norm.bias"], c.layer_norm_eps)
+        x = x + lin("mlp.linear2", F.gelu(lin("mlp.linear1", h)))
+    x = F.layer_norm(x, (c.d_model,), p["ln_final.weight"], p["ln_final.bias"], c.layer_norm_eps)
     return x @ p["tok_emb.weight"].T
 
 
@@ -139,8 +139,8 @@ def test_failed_loads_raise_and_leave_nothing(tmp_path) -> None:
     make(d_ff=48).save_pretrained(tmp_path / "b")
     # config of a, weights of b: mis-shaped feed-forward weights, listed by key.
     (tmp_path / "b" / "config.json").write_text((tmp_path / "a" / "config.json").read_text())
-    with pytest.raises(CheckpointError, match=r"layers\.0\.ff\.linear1\.weight: model "
-                                              r"layers\.0\.ff\.linear1\.weight expects \(32, 16\), "
+    with pytest.raises(CheckpointError, match=r"blocks.0.mlp\.linear1\.weight: model "
+                                              r"blocks.0.mlp\.linear1\.weight expects \(32, 16\), "
                                               r"found \(48, 16\)"):
         hf.CausalLM.from_pretrained(tmp_path / "b")
     with pytest.raises(FileNotFoundError, match="no config.json"):

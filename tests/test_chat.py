@@ -41,8 +41,8 @@ def model(*, eos_first: bool = False) -> hf.CausalLM:
     m = hf.CausalLM(config).eval()
     if eos_first:  # every position's logits favour token 256 (the end of turn)
         with torch.no_grad():
-            m.norm.weight.zero_()
-            m.norm.bias.fill_(1.0)  # the final hidden state is all ones
+            m.ln_final.weight.zero_()
+            m.ln_final.bias.fill_(1.0)  # the final hidden state is all ones
             m.lm_head.weight.zero_()
             m.lm_head.weight[256] = 1.0
     return m

@@ -15,11 +15,11 @@ def test_decoder_only_layer_equals_a_causal_encoder_layer(norm_first: bool) -> N
     enc = hf.EncoderLayer(E, H, FF, dropout=0.0, norm_first=norm_first, activation="gelu")
     dec = hf.DecoderLayer(E, H, FF, dropout=0.0, norm_first=norm_first, activation="gelu",
                           cross_attention=False)
-    state = {k.replace("norm2", "norm3"): v for k, v in enc.state_dict().items()}
-    dec.load_state_dict(state, strict=True)
+    assert set(dec.state_dict()) == set(enc.state_dict())  # one name per part: ln2 in both
+    dec.load_state_dict(enc.state_dict(), strict=True)
     x = torch.randn(2, 9, E)
     torch.testing.assert_close(dec(x), enc(x, causal=True), atol=1e-6, rtol=1e-6)
-    assert not hasattr(dec, "norm2") and dec.cross_attn is None
+    assert not hasattr(dec, "ln_cross") and dec.cross_attn is None
 
 
 @pytest.mark.parametrize("attention", [hf.FullAttention(), hf.LocalAttention(3),
@@ -32,7 +32,7 @@ def test_decoder_self_attention_kinds(attention: hf.AttentionKind) -> None:
     assert torch.all(self_w.triu(1) == 0)  # causal for every kind
     pattern = attention.pattern(7, 7, causal=True)
     assert torch.all(self_w[..., ~pattern] == 0)
-    assert layer.self_attn.dropout == (0.1 if attention.supports_dropout else 0.0)
+    assert layer.attn.dropout == (0.1 if attention.supports_dropout else 0.0)
     assert layer.cross_attn.dropout == 0.1  # cross-attention is always full softmax
 
 
@@ -44,9 +44,9 @@ def test_decoder_stack_weights_and_final_norm() -> None:
     assert len(out.self_attentions) == 3 and out.cross_attentions[2].shape == (2, H, 4, 6)
     assert out.cross_attentions[0][..., 4:].abs().max() == 0
     h = x
-    for layer in decoder.layers:
+    for layer in decoder.blocks:
         h = layer(h, memory, memory_mask=keep)
-    torch.testing.assert_close(out.last_hidden_state, decoder.norm(h))
+    torch.testing.assert_close(out.last_hidden_state, decoder.ln_final(h))
     assert decoder(x, memory).self_attentions is None
     with pytest.raises(ValueError, match="num_layers must be a positive integer"):
         hf.Decoder(hf.DecoderLayer(E, H, FF), 0)

@@ -77,7 +77,7 @@ def test_transformer_from_torch_outputs_and_grads(norm_first: bool) -> None:
                             norm_first=norm_first, activation="gelu")
     ours = from_torch(theirs)
     assert isinstance(ours, hf.Transformer)
-    assert len(ours.encoder.layers) == 2 and len(ours.decoder.layers) == 3
+    assert len(ours.encoder.blocks) == 2 and len(ours.decoder.blocks) == 3
     tgt, src, causal, pad = inputs()
     expected = theirs(src, tgt, tgt_mask=causal, src_key_padding_mask=pad,
                       memory_key_padding_mask=pad)

@@ -26,8 +26,8 @@ def setup(norm: str = "rms") -> tuple[hf.CausalLM, SparseAutoencoder]:
                                        num_layers=2, d_ff=32, norm=norm,
                                        positional="rotary")).eval()
     with torch.no_grad():
-        if lm.norm.weight is not None:
-            lm.norm.weight.copy_(1 + 0.5 * torch.randn(16))
+        if lm.ln_final.weight is not None:
+            lm.ln_final.weight.copy_(1 + 0.5 * torch.randn(16))
     sae = SparseAutoencoder(16, 24, activation="relu", hook_name=AT)
     with torch.no_grad():
         sae.b_enc.copy_(0.2 * torch.randn(24))
@@ -41,7 +41,7 @@ def test_logit_effects_are_the_decoder_row_through_norm_weight_and_unembedding()
         d = sae.W_dec[5].double()
         if norm == "layer":
             d = d - d.mean()
-        by_hand = (lm.lm_head.weight.double() * lm.norm.weight.double()) @ d  # (V,)
+        by_hand = (lm.lm_head.weight.double() * lm.ln_final.weight.double()) @ d  # (V,)
         order = by_hand.argsort(descending=True)
         assert got.top_ids.tolist() == order[:4].tolist()
         assert got.bottom_ids.tolist() == order.flip(0)[:4].tolist()

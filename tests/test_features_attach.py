@@ -116,8 +116,8 @@ def test_a_transcoder_replaces_the_mlp_from_its_input(gemma):
     base = model(IDS).logits
     tc = dictionary("transcoder", skip=True)
     _, cache = run_with_cache(model, IDS, names="blocks.2.hook_resid_mid")  # plain kernels
-    layer = model.layers[2]
-    mlp_in = layer.norm3(cache["blocks.2.hook_resid_mid"]).detach()
+    layer = model.blocks[2]
+    mlp_in = layer.ln2(cache["blocks.2.hook_resid_mid"]).detach()
     with attach(model, tc, at="blocks.2.mlp") as splice:
         assert "blocks.2.mlp.hook_in" in hook_names(model)
         assert (model(IDS).logits - base).abs().max() <= 1e-6

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -13,6 +14,7 @@ import handformer as hf
 from handformer.features import SparseAutoencoder, Transcoder
 from handformer.features.metrics import (
     ce_loss_recovered,
+    evaluate_dictionaries,
     evaluate_dictionary,
     explained_variance,
     l0,
@@ -29,9 +31,9 @@ def tiny_lm() -> hf.CausalLM:
                                          positional="rotary")).eval()
 
 
-def random_sae(seed: int = 0) -> SparseAutoencoder:
+def random_sae(seed: int = 0, at: str = AT) -> SparseAutoencoder:
     torch.manual_seed(seed)
-    sae = SparseAutoencoder(16, 24, activation="relu", hook_name=AT)
+    sae = SparseAutoencoder(16, 24, activation="relu", hook_name=at)
     with torch.no_grad():
         sae.b_enc.copy_(0.3 * torch.randn(24))
         sae.b_dec.copy_(0.2 * torch.randn(16))
@@ -53,8 +55,9 @@ def test_formulas_on_plain_tensors() -> None:
 
 
 @torch.no_grad()
-def test_evaluate_dictionary_matches_a_float64_hand_computation() -> None:
-    lm, sae = tiny_lm(), random_sae()
+@pytest.mark.parametrize("AT", [AT, "blocks.1.hook_resid_mid"])  # the second: run_from(1)
+def test_evaluate_dictionary_matches_a_float64_hand_computation(AT: str) -> None:  # noqa: N803
+    lm, sae = tiny_lm(), random_sae(at=AT)
     ids = torch.randint(0, 40, (6, 12), generator=torch.Generator().manual_seed(1))
     m = evaluate_dictionary(lm, sae, ids, at=AT, batch=4)
 
@@ -123,7 +126,7 @@ def test_a_transcoder_is_evaluated_on_the_mlp_output_from_the_mlp_input() -> Non
     m = evaluate_dictionary(lm, tc, ids, at="blocks.0.hook_mlp_out")
     # by hand: the MLP's input is the pre-MLP norm of the residual stream after attention
     seen = {}
-    h = lm.layers[0].ff.register_forward_pre_hook(lambda mod, a: seen.update(x=a[0]))
+    h = lm.blocks[0].mlp.register_forward_pre_hook(lambda mod, a: seen.update(x=a[0]))
     try:
         _, cache = run_with_cache(lm, ids, names="blocks.0.hook_mlp_out")
     finally:
@@ -134,3 +137,48 @@ def test_a_transcoder_is_evaluated_on_the_mlp_output_from_the_mlp_input() -> Non
     y_hat = z @ tc.W_dec.double() + tc.b_dec.double()
     ev = 1 - ((y - y_hat) ** 2).sum() / ((y - y.mean(0)) ** 2).sum()
     assert abs(m.explained_variance - float(ev)) <= 1e-6 * abs(float(ev))
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("positional", ["rotary", "learned"])
+def test_run_from_a_block_equals_the_whole_forward_pass(positional: str) -> None:
+    """``run_from(resid_pre of block i, start=i)`` gives the forward pass's logits for every
+    ``i`` (float64), hooks firing in the blocks it runs; a bad ``start`` is refused."""
+    torch.manual_seed(0)
+    lm = hf.CausalLM(hf.CausalLMConfig(vocab_size=40, max_len=32, d_model=16, num_heads=2,
+                                       num_layers=3, d_ff=32, norm="rms", mlp="gated",
+                                       positional=positional, final_softcap=5.0)
+                     ).double().eval()
+    ids = torch.randint(0, 40, (2, 9), generator=torch.Generator().manual_seed(4))
+    names = [f"blocks.{i}.hook_resid_pre" for i in range(3)] + ["blocks.2.hook_resid_post"]
+    logits, cache = run_with_cache(lm, ids, names=names)
+    positions = torch.arange(9).expand(2, 9)
+    for start in range(4):
+        resid = cache[names[start]]
+        torch.testing.assert_close(lm.run_from(resid, positions, start=start), logits.logits,
+                                   rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match=r"start must be an int in \[0, 3\]"):
+        lm.run_from(resid, positions, start=4)
+
+
+@torch.no_grad()
+def test_several_dictionaries_at_once_equal_each_alone() -> None:
+    """evaluate_dictionaries shares the forward passes; each site's metrics are what it gets
+    evaluated alone (an SAE in block 1, another in block 0, a transcoder in block 1)."""
+    lm = tiny_lm()
+    torch.manual_seed(5)
+    dicts = {"blocks.1.hook_resid_post": random_sae(1, "blocks.1.hook_resid_post"),
+             AT: random_sae(2),
+             "blocks.1.hook_mlp_out": Transcoder(16, 24, activation="relu")}
+    ids = torch.randint(0, 40, (6, 12), generator=torch.Generator().manual_seed(1))
+    together = evaluate_dictionaries(lm, dicts, ids, batch=4)
+    assert list(together) == list(dicts)
+    for at, d in dicts.items():
+        alone = evaluate_dictionary(lm, d, ids, at=at, batch=4).to_dict()
+        got = together[at].to_dict()
+        assert got.keys() == alone.keys()
+        for key, value in alone.items():
+            if isinstance(value, float):
+                assert math.isclose(got[key], value, rel_tol=1e-5, abs_tol=1e-6), (at, key)
+            else:
+                assert got[key] == value, (at, key)

@@ -199,3 +199,40 @@ def test_all_layers_transcoders_train_from_one_forward_per_step() -> None:
     for i, d in enumerate(r.dictionaries.values()):
         assert d.hook_name == f"blocks.{i}.mlp.hook_in"
         assert d.output_hook_name == f"blocks.{i}.hook_mlp_out"
+
+
+@pytest.mark.parametrize("transcoder", [False, True])
+def test_topk_loss_and_gradients_equal_the_dense_float64_computation(transcoder: bool) -> None:
+    """The training step's TopK decoder (``embedding_bag`` over the chosen rows of ``W_dec``)
+    gives the dense formula's loss and every gradient. Decoding from ``values`` without the
+    ReLU (a negative k-th pre-activation) or adding ``b_dec`` twice fails here."""
+    g = torch.Generator().manual_seed(3)
+    td = TrainingDictionary(E, 40, E + 2 if transcoder else E, kind="topk", k=5,
+                            transcoder=transcoder, generator=g).double()
+    x = torch.randn(64, E, generator=g, dtype=torch.float64)
+    y = torch.randn(64, E + 2, generator=g, dtype=torch.float64) if transcoder else x
+    with torch.no_grad():
+        td.b_enc.copy_(torch.randn(40, generator=g, dtype=torch.float64) * 0.1)
+        td.b_dec.copy_(torch.randn(td.b_dec.shape, generator=g, dtype=torch.float64) * 0.1)
+        td.scale_in.fill_(1.3)
+        td.scale_out.fill_(0.7)
+        td.variance.fill_(2.0)
+    loss, parts = td.losses(x, y, dead_after=10**9, k_aux=8, aux_coeff=0.0, l1_coeff=0.0)
+    loss.backward()
+    sparse = {n: p.grad.clone() for n, p in td.named_parameters()}
+
+    # the dense reference, written out: pre, TopK through a ReLU, decode, normalised MSE
+    params = {n: p.detach().clone().requires_grad_(True) for n, p in td.named_parameters()}
+    xs, ys = x * 1.3, y * 0.7
+    inp = xs if transcoder else xs - params["b_dec"]
+    pre = inp @ params["W_enc"] + params["b_enc"]  # (N, S)
+    values, index = pre.topk(5, dim=-1)
+    z = torch.zeros_like(pre).scatter(-1, index, torch.relu(values))
+    y_hat = z @ params["W_dec"] + params["b_dec"]
+    ref = (ys - y_hat).pow(2).sum(-1).mean() / 2.0
+    ref.backward()
+    assert abs(loss.item() - ref.item()) <= 1e-12
+    assert float(parts["l0"]) == float((z > 0).double().sum(-1).mean())
+    assert torch.equal(parts["fired"], (z > 0).any(0))
+    for name, p in params.items():
+        torch.testing.assert_close(sparse[name], p.grad, rtol=0, atol=1e-12, msg=name)

@@ -191,4 +191,4 @@ def test_dropout_is_skipped_when_it_is_the_identity_and_drops_in_training() -> N
     assert torch.equal(out, torch.nn.functional.dropout(x, 0.5, training=True))
     assert 0.3 < float((out == 0).float().mean()) < 0.7
     assert drop.eval()(x) is x and hf.layers.Dropout(0.0)(x) is x
-    assert isinstance(make().layers[0].dropout1, torch.nn.Dropout)
+    assert isinstance(make().blocks[0].dropout1, torch.nn.Dropout)

@@ -24,7 +24,7 @@ def cosine_with_head_removed(layer: int, head: int) -> float:
     output projection's input."""
     model, tok = load_bert()
     enc = tok([A, B])
-    mha = model.encoder.layers[layer].self_attn
+    mha = model.blocks[layer].attn
     D = mha.head_dim
 
     def zero(module: torch.nn.Module, args: tuple[torch.Tensor]) -> tuple[torch.Tensor]:

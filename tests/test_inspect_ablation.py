@@ -22,18 +22,18 @@ from pretrained_util import tiny_checkpoint
 def manual_stack(enc: hf.Encoder, x: torch.Tensor, *, skip_attention: int) -> torch.Tensor:
     """The encoder computed by hand, layer ``skip_attention`` without its attention sublayer
     (its contribution is then the output projection's bias, or nothing without biases)."""
-    for i, layer in enumerate(enc.layers):
+    for i, layer in enumerate(enc.blocks):
         if i == skip_attention:
-            bias = layer.self_attn.out_proj.bias
+            bias = layer.attn.out_proj.bias
             attn = torch.zeros_like(x) if bias is None else bias.expand_as(x)
         else:
-            attn = layer.self_attn(layer.norm1(x) if layer.norm_first else x)[0]
+            attn = layer.attn(layer.ln1(x) if layer.norm_first else x)[0]
         if layer.norm_first:
             x = x + attn
-            x = x + layer.ff(layer.norm2(x))
+            x = x + layer.mlp(layer.ln2(x))
         else:
-            x = layer.norm1(x + attn)
-            x = layer.norm2(x + layer.ff(x))
+            x = layer.ln1(x + attn)
+            x = layer.ln2(x + layer.mlp(x))
     return x
 
 
@@ -99,7 +99,7 @@ def test_mean_ablation_uses_the_masked_mean(tmp_path: Path) -> None:
     run_with_hooks(model, inputs, hooks=hooks)
     z = seen["z"].clone()
     z[:, :, 2] = means[1, 2]
-    proj = model.encoder.layers[1].self_attn.out_proj
+    proj = model.blocks[1].attn.out_proj
     torch.testing.assert_close(got["out"], proj(z.flatten(2)), atol=1e-6, rtol=0)
 
 

@@ -84,7 +84,7 @@ def test_exact_where_the_metric_is_linear_in_the_activation() -> None:
     """Without the final norm, the last layer's MLP output reaches the logits linearly: there
     the estimate equals exact patching; earlier layers (through nonlinearities) do not."""
     model = tiny(3)
-    model.norm = nn.Identity()
+    model.ln_final = nn.Identity()
     clean, corrupted = pair(model, nearby=None)
     estimate = attribution_patching(model, clean, corrupted, metric, hook="mlp_out")
     exact = patching_sweep(model, clean, corrupted, metric, hook="mlp_out")

@@ -69,7 +69,7 @@ def test_every_position_and_token_adds_up_and_layernorm_centring_matters() -> No
     attrs = cache.logit_attrs(stack, tokens, incl_bias=True)
     torch.testing.assert_close(attrs.sum(0), out.logits.gather(2, tokens[..., None])[..., 0])
     # without centring each component (as for RMSNorm) the sum is wrong for a LayerNorm model
-    scale = attribution._divisor(cache["resid_post", -1], model.norm)
+    scale = attribution._divisor(cache["resid_post", -1], model.ln_final)
     uncentred = (stack / scale * attribution.tokens_to_residual_directions(model, 5)).sum(-1)
     bias = cache.logit_bias(5)
     assert (uncentred.sum(0) + bias - out.logits[..., 5]).abs().max() > 1e-3
@@ -83,7 +83,7 @@ def test_heads_of_a_layer_add_up_to_attn_out_minus_the_output_bias() -> None:
     H = 4
     for layer in range(3):
         block = heads[layer * H:(layer + 1) * H].sum(0)
-        expected = cache["attn_out", layer] - model.layers[layer].self_attn.out_proj.bias
+        expected = cache["attn_out", layer] - model.blocks[layer].attn.out_proj.bias
         torch.testing.assert_close(block, expected, atol=1e-10, rtol=1e-10)
     # layer=2: heads of layers 0 and 1, remainder = resid_pre of layer 2 minus them
     part, labels = cache.stack_head_results(2, incl_remainder=True, return_labels=True)
@@ -101,7 +101,7 @@ def test_cached_scale_and_recomputed_scale_agree_and_lens_is_not_additive() -> N
     acc, labels = cache.accumulated_resid(apply_ln=True, return_labels=True)
     assert labels == ["0_pre", "1_pre", "2_pre", "final_post"]
     # the last lens entry, through the norm's weight and bias and the head, is the logits
-    norm = model.norm
+    norm = model.ln_final
     lens_logits = model.lm_head(acc[-1] * norm.weight + norm.bias)
     torch.testing.assert_close(lens_logits, out.logits)
     # each lens entry is normalised by its own divisor: unit RMS after centring
@@ -198,7 +198,7 @@ def modern(*, gemma: bool, seed: int = 7) -> hf.CausalLM:
 
 def pre_cap_logits(model: hf.CausalLM, cache: object) -> torch.Tensor:
     """The logits before the final soft-cap, from the final stream through the modules."""
-    return model.lm_head(model.norm(cache["resid_post", -1]))
+    return model.lm_head(model.ln_final(cache["resid_post", -1]))
 
 
 @pytest.mark.parametrize("gemma", [False, True], ids=["llama", "gemma"])
@@ -251,9 +251,9 @@ def test_gemma_direction_uses_one_plus_w() -> None:
     attrs = cache.logit_attrs(stack, 4, pos_slice=-1, incl_bias=True)
     torch.testing.assert_close(attrs.sum(0), logits[:, 4], atol=1e-10, rtol=1e-10)
     scaled = cache.apply_ln_to_stack(stack, pos_slice=-1)
-    without_offset = (scaled * model.lm_head.weight[4] * model.norm.weight).sum(-1).sum(0)
+    without_offset = (scaled * model.lm_head.weight[4] * model.ln_final.weight).sum(-1).sum(0)
     assert (without_offset - logits[:, 4]).abs().max() > 1e-2
-    assert model.norm.offset == 1.0
+    assert model.ln_final.offset == 1.0
 
 
 @pytest.mark.parametrize("gemma", [False, True], ids=["llama", "gemma"])

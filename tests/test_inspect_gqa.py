@@ -24,7 +24,7 @@ def gqa_model(seed: int = 0) -> hf.CausalLM:
     model = hf.CausalLM(hf.CausalLMConfig(vocab_size=V, max_len=16, d_model=16, num_heads=H,
                                           num_kv_heads=H_KV, num_layers=2, d_ff=32,
                                           positional="rotary"))
-    assert model.layers[0].self_attn.k_proj.out_features == 16 // H * H_KV
+    assert model.blocks[0].attn.k_proj.out_features == 16 // H * H_KV
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.4)
     return model.double().eval()
@@ -64,7 +64,7 @@ def test_patching_a_kv_head_is_patching_its_projection_rows(hook: str) -> None:
         base = float(metric(model(corrupted)))
     D = 16 // H
     for layer in range(2):
-        proj = getattr(model.layers[layer].self_attn, f"{hook}_proj")
+        proj = getattr(model.blocks[layer].attn, f"{hook}_proj")
         kept = {}
         handle = proj.register_forward_hook(lambda m, a, out, kept=kept: kept.update(x=out))
         with torch.no_grad():
@@ -91,7 +91,7 @@ def test_query_head_edits_leave_the_shared_kv_head() -> None:
         base = float(metric(model(clean)))
     D = 16 // H
     for layer in range(2):
-        out_proj = model.layers[layer].self_attn.out_proj
+        out_proj = model.blocks[layer].attn.out_proj
         for h in range(H):
             def zero(m: object, args: tuple[torch.Tensor], h: int = h) -> tuple[torch.Tensor]:
                 x = args[0].clone()
@@ -125,7 +125,7 @@ def test_query_heads_add_up_in_attribution() -> None:
     assert labels[:H] == [f"L0H{h}" for h in range(H)] and len(labels) == 2 * H + 1
     for layer in range(2):
         total = heads[layer * H:(layer + 1) * H].sum(0)
-        expected = cache["attn_out", layer] - model.layers[layer].self_attn.out_proj.bias
+        expected = cache["attn_out", layer] - model.blocks[layer].attn.out_proj.bias
         torch.testing.assert_close(total, expected)
     attrs = cache.logit_attrs(heads, 5, incl_bias=True)
     torch.testing.assert_close(attrs.sum(0), out.logits[..., 5])

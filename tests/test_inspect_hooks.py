@@ -95,7 +95,7 @@ def test_float64_hand_computation_of_q_k_v_scores_pattern_z() -> None:
     keep = torch.ones(2, 1, 1, L, dtype=torch.bool)
     keep[1, ..., 3:] = False
     _, cache = run_with_cache(enc, x, keep)
-    mha = enc.layers[1].self_attn
+    mha = enc.blocks[1].attn
     h = cache["blocks.1.hook_resid_pre"]
     torch.testing.assert_close(h, cache["blocks.0.hook_resid_post"], atol=0, rtol=0)
 
@@ -139,7 +139,7 @@ def test_every_kind_gives_its_pattern_and_the_same_output_on_the_explicit_path(
     for i in range(2):
         torch.testing.assert_close(cache["pattern", i], fast.attentions[i], atol=ATOL, rtol=0)
     scores = cache["attn_scores", 0]
-    allowed = enc.layers[0].self_attn.attention.pattern(9, 9, causal=causal)
+    allowed = enc.blocks[0].attn.attention.pattern(9, 9, causal=causal)
     if allowed is not None:
         blocked = scores[:, :, ~allowed]
         assert bool((blocked == (0 if kind == "linear" else -math.inf)).all())
@@ -186,6 +186,60 @@ def test_same_names_across_models() -> None:
         16, 2, 1, 2, 32))
     assert "blocks.0.hook_resid_mid_cross" in hook_names(dec)
     assert not any("output" in n for n in hook_names(bert))  # BERT's 'output' modules: gone
+
+
+def test_every_hook_name_is_its_module_path() -> None:
+    """One name per part: ``cache[name]`` is what ``model.get_submodule(name)`` sees, in
+    every model (no renaming rule between the two)."""
+    models = [hf.BertModel(hf.BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=2,
+                                         num_attention_heads=2, intermediate_size=16)),
+              hf.CausalLM(hf.CausalLMConfig(vocab_size=30, max_len=16, d_model=8, num_heads=2,
+                                            num_layers=2, d_ff=16, norm="rms", qk_norm=True,
+                                            sandwich_norm=True, mlp="gated",
+                                            positional="rotary")),
+              hf.Transformer(8, 2, 1, 2, 16, norm_first=True)]
+    for model in models:
+        points = hf.inspect.hook_points(model)
+        assert all(model.get_submodule(name) is point for name, point in points.items())
+    lm = models[1]
+    assert lm.blocks[1].attn.hook_pattern is hf.inspect.hook_points(lm)[
+        "blocks.1.attn.hook_pattern"]
+    assert {"blocks.0.ln1_post.hook_normalized", "blocks.0.attn.q_norm.hook_normalized",
+            "ln_final.hook_normalized", "blocks.1.hook_mlp_in"} <= set(hook_names(lm))
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_ln2_normalized_is_the_mlp_input_and_mlp_in_feeds_only_the_mlp(norm_first: bool) -> None:
+    """``ln2.hook_normalized`` is what the MLP reads (pre-LN) and ``hook_mlp_in`` the
+    residual entering the MLP branch: replacing it changes the MLP's output, not the
+    residual it is added to (TransformerLens' ``use_hook_mlp_in``)."""
+    config = hf.CausalLMConfig(vocab_size=30, max_len=16, d_model=8, num_heads=2,
+                               num_layers=2, d_ff=16, norm_first=norm_first, dropout=0.0)
+    model = hf.CausalLM(config).eval()
+    ids = torch.randint(0, 30, (2, 5))
+    seen = {}
+    handle = model.blocks[1].mlp.register_forward_pre_hook(lambda m, a: seen.update(x=a[0]))
+    with torch.no_grad():
+        _, cache = run_with_cache(model, ids)
+    handle.remove()
+    assert torch.equal(cache["blocks.1.hook_mlp_in"], cache["blocks.1.hook_resid_mid"])
+    if norm_first:
+        assert torch.equal(seen["x"], cache["blocks.1.ln2.hook_normalized"])
+    else:
+        assert torch.equal(seen["x"], cache["blocks.1.hook_mlp_in"])
+    zeros = {"blocks.1.hook_mlp_in": lambda t, n: torch.zeros_like(t)}
+    with torch.no_grad(), hooks(model, zeros):
+        _, patched = run_with_cache(model, ids)
+    block = model.blocks[1]
+    with torch.no_grad():
+        mlp_of_zero = block.mlp(block.ln2(torch.zeros_like(seen["x"])) if norm_first
+                                else torch.zeros_like(seen["x"]))
+    torch.testing.assert_close(patched["blocks.1.hook_mlp_out"], mlp_of_zero, rtol=0, atol=0)
+    torch.testing.assert_close(patched["blocks.1.hook_resid_mid"],
+                               cache["blocks.1.hook_resid_mid"], rtol=0, atol=0)
+    if norm_first:  # the residual goes on unchanged: resid_post = resid_mid + the new mlp_out
+        torch.testing.assert_close(patched["blocks.1.hook_resid_post"],
+                                   cache["blocks.1.hook_resid_mid"] + mlp_of_zero)
 
 
 def test_patching_an_activation_with_itself_is_bit_identical() -> None:

@@ -43,7 +43,7 @@ def test_lens_on_a_middle_layer_is_the_truncated_model(norm_first: bool) -> None
     lm = tiny_lm(norm_first)
     ids = torch.randint(0, 23, (1, 7))
     cut = copy.deepcopy(lm)
-    cut.layers = cut.layers[:2]
+    cut.blocks = cut.blocks[:2]
     with torch.inference_mode():
         expected = cut(ids).logits
     torch.testing.assert_close(lens_logits(lm, ids, layers=[1])[0], expected, rtol=0,

@@ -89,7 +89,7 @@ def test_heads_logit_diff_matches_an_independent_ablation(folder: Path, tmp_path
     def diff(layer: int | None = None, head: int | None = None) -> float:
         handles = []
         if layer is not None:
-            mha = model.layers[layer].self_attn
+            mha = model.blocks[layer].attn
             D = mha.head_dim
 
             def zero(module: torch.nn.Module, args: tuple[torch.Tensor]) -> tuple[torch.Tensor]:

@@ -21,7 +21,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # Bottom first. A layer is a tuple of units: a unit is a top-level module or subpackage of
 # handformer ("handformer" itself is the package's __init__, the public API it re-exports).
 LAYERS: list[tuple[str, ...]] = [
-    ("checks", "hooks"),  # shared argument checks, hook points: import nothing of handformer
+    ("checks", "hooks", "legacy_names"),  # shared argument checks, hook points, the module
+    # names before "one name per part": import nothing of handformer
     ("masks", "weights", "norms", "packing"),  # the mask convention; safetensors reading;
     # LayerNorm, RMSNorm; projection weights stored back to back
     ("attention",),

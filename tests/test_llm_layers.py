@@ -276,7 +276,7 @@ def test_model_hook_names_for_the_new_parts() -> None:
     assert cache["ln_final.hook_scale"].shape == (1, 9, 1)
     # with a sandwich norm the per-head results add up to the attention output before it
     torch.testing.assert_close(
-        model.layers[1].post_attn_norm(cache["blocks.1.attn.hook_result"].sum(2)),
+        model.blocks[1].ln1_post(cache["blocks.1.attn.hook_result"].sum(2)),
         cache["blocks.1.hook_attn_out"], rtol=1e-4, atol=1e-5)
 
 
@@ -490,13 +490,13 @@ def test_embed_scale_is_rounded_to_the_model_dtype() -> None:
 
 def test_per_layer_rotary_tables() -> None:
     model = make(**GEMMA)
-    local, full = model.layers[0].self_attn.rotary, model.layers[1].self_attn.rotary
-    assert local is model.layers[2].self_attn.rotary and local is not full
+    local, full = model.blocks[0].attn.rotary, model.blocks[1].attn.rotary
+    assert local is model.blocks[2].attn.rotary and local is not full
     assert local.base == 100.0 and local.scaling is None
     assert full.base == 10000.0 and full.scaling == {"rope_type": "linear", "factor": 2.0}
-    assert isinstance(model.layers[0].self_attn.attention, hf.LocalAttention)
-    assert model.layers[0].self_attn.attention.causal
-    assert type(model.layers[1].self_attn.attention) is hf.FullAttention
+    assert isinstance(model.blocks[0].attn.attention, hf.LocalAttention)
+    assert model.blocks[0].attn.attention.causal
+    assert type(model.blocks[1].attn.attention) is hf.FullAttention
 
 
 def test_gated_mlp_is_the_formula() -> None:
@@ -532,7 +532,7 @@ def test_qwen2_sized_windows_are_accepted() -> None:
     config = hf.CausalLMConfig(**{**LLAMA, "num_layers": 1, "layer_types": ["local"],
                                   "window_size": 2 * 131072 - 1})
     model = hf.CausalLM(config)
-    assert model.layers[0].self_attn.attention.window_size == 262143
+    assert model.blocks[0].attn.attention.window_size == 262143
     model(torch.randint(0, V, (1, 5)))
 
 

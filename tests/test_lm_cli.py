@@ -90,7 +90,7 @@ def test_heads_changes_log_probability(folder: Path, tmp_path: Path) -> None:
     assert clean == pytest.approx(expected, abs=1e-4)
     # the strongest head, zeroed independently of handformer.inspect (a pre-hook on o_proj)
     layer, head, change = (float(x) for x in lines[2].split())
-    mha = model.layers[int(layer)].self_attn
+    mha = model.blocks[int(layer)].attn
     D = mha.head_dim
 
     def zero(module: torch.nn.Module, args: tuple[torch.Tensor]) -> tuple[torch.Tensor]:

@@ -275,8 +275,8 @@ def test_loaded_projections_are_packed_with_the_files_values(llama_dir: Path,
     for folder, prefix in ((llama_dir, "model"), (gemma3_dir, "model")):
         model, _ = load_lm(folder, tokenizer=False)
         state = load_file(folder / "model.safetensors")
-        for i, layer in enumerate(model.layers):
-            attn, ff = layer.self_attn, layer.ff
+        for i, layer in enumerate(model.blocks):
+            attn, ff = layer.attn, layer.mlp
             qkv = packed_linear(attn.q_proj, attn.k_proj, attn.v_proj)
             gate_up = packed_linear(ff.gate_proj, ff.up_proj)
             assert qkv is not None and gate_up is not None, (folder.name, i)
@@ -290,7 +290,7 @@ def test_attention_swaps_every_layer(llama_dir: Path) -> None:
     from handformer.attention.local import LocalAttention
 
     model, _ = load_lm(llama_dir, tokenizer=False, attention=LocalAttention(3))
-    kinds = [layer.self_attn.attention for layer in model.layers]
+    kinds = [layer.attn.attention for layer in model.blocks]
     assert all(isinstance(k, LocalAttention) for k in kinds)
     assert len({id(k) for k in kinds}) == len(kinds)  # one each
     full, _ = load_lm(llama_dir, tokenizer=False)
@@ -405,7 +405,7 @@ def test_attention_swap_keeps_the_models_soft_cap(tmp_path: Path) -> None:
     transformers.Gemma2ForCausalLM(config).save_pretrained(tmp_path)
     loaded, _ = load_lm(tmp_path, tokenizer=False)  # window >= context: full attention
     swapped, _ = load_lm(tmp_path, tokenizer=False, attention=FullAttention())
-    assert [layer.self_attn.attention.softcap for layer in swapped.layers] == [1.5, 1.5]
+    assert [layer.attn.attention.softcap for layer in swapped.blocks] == [1.5, 1.5]
     torch.testing.assert_close(_logits(swapped), _logits(loaded), atol=1e-6, rtol=0)
 
 

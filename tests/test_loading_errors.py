@@ -68,16 +68,16 @@ def test_bert_refusal_names_every_problem_in_file_names(tmp_path: Path, masked_l
         # missing keys: the file's own names, handformer's beside them
         assert section(message, "missing keys") == [
             f"{p}embeddings.LayerNorm.weight (32,) (model: embeddings.norm.weight)",
-            f"{p}encoder.layer.0.output.dense.bias (32,) (model: encoder.layers.0.ff.linear2.bias)",
+            f"{p}encoder.layer.0.output.dense.bias (32,) (model: blocks.0.mlp.linear2.bias)",
             f"{p}encoder.layer.1.attention.self.query.weight (32, 32) "
-            "(model: encoder.layers.1.self_attn.q_proj.weight)",
+            "(model: blocks.1.attn.q_proj.weight)",
         ]
         assert section(message, "unexpected keys") == [
             f"{p}encoder.layer.0.attention.self.extra.weight (3,)"
             + (" (mapped to encoder.layer.0.attention.self.extra.weight)" if p else "")]
         assert section(message, "mis-shaped keys") == [
             f"{p}encoder.layer.1.intermediate.dense.weight: model "
-            "encoder.layers.1.ff.linear1.weight expects (37, 32), found (36, 32)"]
+            "blocks.1.mlp.linear1.weight expects (37, 32), found (36, 32)"]
         # the groups come in this order
         order = [message.index(t) for t in ("missing keys", "unexpected keys", "mis-shaped")]
         assert order == sorted(order)
@@ -153,23 +153,23 @@ def test_causal_lm_refusal_lists_every_problem_and_changes_nothing(tmp_path: Pat
     folder = hf.CausalLM(config).save_pretrained(tmp_path / "lm")
 
     def edit(state: dict) -> None:
-        del state["layers.1.norm1.bias"]
-        del state["norm.weight"]
-        state["layers.0.ff.linear2.weight"] = torch.zeros(8, 12)
-        state["layers.0.self_attn.k_proj.weight"] = torch.zeros(4, 8)
+        del state["blocks.1.ln1.bias"]
+        del state["ln_final.weight"]
+        state["blocks.0.mlp.linear2.weight"] = torch.zeros(8, 12)
+        state["blocks.0.attn.k_proj.weight"] = torch.zeros(4, 8)
         state["head.extra"] = torch.zeros(1)
 
     rewrite(folder / "model.safetensors", edit)
     with pytest.raises(CheckpointError) as info:
         hf.CausalLM.from_pretrained(folder)
     message = str(info.value)
-    assert section(message, "missing keys") == ["layers.1.norm1.bias (8,)", "norm.weight (8,)"]
+    assert section(message, "missing keys") == ["blocks.1.ln1.bias (8,)", "ln_final.weight (8,)"]
     assert section(message, "unexpected keys") == ["head.extra (1,)"]
     assert section(message, "mis-shaped keys") == [
-        "layers.0.ff.linear2.weight: model layers.0.ff.linear2.weight expects (8, 16), "
-        "found (8, 12)",
-        "layers.0.self_attn.k_proj.weight: model layers.0.self_attn.k_proj.weight expects "
-        "(8, 8), found (4, 8)"]
+        "blocks.0.attn.k_proj.weight: model blocks.0.attn.k_proj.weight expects "
+        "(8, 8), found (4, 8)",
+        "blocks.0.mlp.linear2.weight: model blocks.0.mlp.linear2.weight expects (8, 16), "
+        "found (8, 12)"]
     target = hf.CausalLM(config)
     before = state_hash(target)
     with pytest.raises(CheckpointError, match="2 missing keys"):
@@ -197,14 +197,14 @@ def test_training_checkpoint_refusal_names_weights_and_optimiser_state(tmp_path:
     message = str(info.value)
     assert "nothing was loaded" in message
     assert section(message, "mis-shaped keys") == [
-        "layers.0.ff.linear1.bias: model layers.0.ff.linear1.bias expects (16,), found (24,)",
-        "layers.0.ff.linear1.weight: model layers.0.ff.linear1.weight expects (16, 8), "
+        "blocks.0.mlp.linear1.bias: model blocks.0.mlp.linear1.bias expects (16,), found (24,)",
+        "blocks.0.mlp.linear1.weight: model blocks.0.mlp.linear1.weight expects (16, 8), "
         "found (24, 8)",
-        "layers.0.ff.linear2.weight: model layers.0.ff.linear2.weight expects (8, 16), "
+        "blocks.0.mlp.linear2.weight: model blocks.0.mlp.linear2.weight expects (8, 16), "
         "found (8, 24)"]
     optimiser = section(message, "optimiser state mismatches")
     assert len(optimiser) == 6  # exp_avg and exp_avg_sq of the three parameters, by name
-    assert "layers.0.ff.linear1.weight: exp_avg is (24, 8), the parameter is (16, 8)" in optimiser
+    assert "blocks.0.mlp.linear1.weight: exp_avg is (24, 8), the parameter is (16, 8)" in optimiser
     assert (state_hash(target), repr(target_opt.state_dict())) == before
 
 

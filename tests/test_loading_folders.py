@@ -59,7 +59,7 @@ def test_from_pretrained_options_match_causal_lm(tmp_path: Path) -> None:
                                       attention=LocalAttention(3))
     assert not model.training
     assert {p.dtype for p in model.parameters()} == {torch.float64}
-    assert isinstance(model.encoder.layers[0].self_attn.attention, LocalAttention)
+    assert isinstance(model.blocks[0].attn.attention, LocalAttention)
     also = BertModel.from_pretrained(tmp_path / "model.safetensors")
     assert state_hash(also) == state_hash(BertModel.from_pretrained(tmp_path))
     with pytest.raises(TypeError, match="dtype must be a floating torch.dtype"):
@@ -130,6 +130,6 @@ def test_refused_bare_folder_returns_no_model(tmp_path: Path) -> None:
     (folder / "config.json").write_text((folder / "config.json").read_text().replace(
         '"intermediate_size": 1536', '"intermediate_size": 1000'))
     with pytest.raises(CheckpointError, match=r"encoder\.layer\.0\.intermediate\.dense\.weight:"
-                                              r" model encoder\.layers\.0\.ff\.linear1\.weight "
+                                              r" model blocks\.0\.mlp\.linear1\.weight "
                                               r"expects \(1000, 384\), found \(1536, 384\)"):
         BertModel.from_pretrained(folder)

@@ -147,9 +147,9 @@ def test_encoder_stack_matches_torch_encoder():
                                    enable_nested_tensor=False).eval()
     ours = hf.Encoder(lambda: hf.EncoderLayer(E, H, 64, dropout=0.0, norm_first=True), 3,
                       final_norm=True).eval()
-    for ol, tl in zip(ours.layers, theirs.layers, strict=True):
+    for ol, tl in zip(ours.blocks, theirs.layers, strict=True):
         ol.load_state_dict(from_torch(tl).state_dict())
-    ours.norm.load_state_dict(theirs.norm.state_dict())
+    ours.ln_final.load_state_dict(theirs.norm.state_dict())
     x = torch.randn(B, L, E)
     res = ours(x, need_weights=True)
     torch.testing.assert_close(res.last_hidden_state, theirs(x), atol=1e-5, rtol=1e-5)

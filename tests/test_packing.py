@@ -104,7 +104,7 @@ def test_a_packed_model_saves_and_loads_the_same_tensors(tmp_path) -> None:
     state, loaded = model.state_dict(), again.state_dict()
     assert state.keys() == loaded.keys()
     assert all(torch.equal(state[k], loaded[k]) for k in state)
-    attn = again.layers[0].self_attn
+    attn = again.blocks[0].attn
     assert packed_linear(attn.q_proj, attn.k_proj, attn.v_proj) is not None
 
 

@@ -63,7 +63,7 @@ def test_plain_step_equals_recomputation_and_the_modules(config: dict, packed: b
     model = make(**config)
     if not packed:  # deepcopy clones each parameter on its own: one product per projection
         model = copy.deepcopy(model)
-    attn = model.layers[0].self_attn
+    attn = model.blocks[0].attn
     assert (packed_linear(attn.q_proj, attn.k_proj, attn.v_proj) is not None) == packed
     ids = torch.randint(0, V, (2, 12))
     mask = torch.tensor([[1] * 12, [0] * 4 + [1] * 8])  # the second prompt is left-padded
@@ -140,9 +140,9 @@ def test_torch_forward_hooks_and_training_mode_are_refused() -> None:
     assert "training" in plain_step_refusal(model.train(), cache)
     model.eval()
     calls = []
-    handle = model.layers[1].ff.register_forward_hook(lambda *args: calls.append(1))
+    handle = model.blocks[1].mlp.register_forward_hook(lambda *args: calls.append(1))
     try:
-        assert "layers.1.ff" in plain_step_refusal(model, cache)
+        assert "blocks.1.mlp" in plain_step_refusal(model, cache)
         model.generate(ids, max_new_tokens=4)
         assert len(calls) == 4  # the prompt, then 3 steps: all through the modules
     finally:
@@ -184,7 +184,7 @@ def test_a_subclass_that_overrides_run_keeps_its_own_step() -> None:
 def test_a_global_module_hook_sends_every_step_through_the_modules() -> None:
     model = make()
     ids = torch.randint(0, V, (1, 4))
-    ff = model.layers[0].ff
+    ff = model.blocks[0].mlp
     calls = []
     handle = torch.nn.modules.module.register_module_forward_hook(
         lambda module, args, out: calls.append(1) if module is ff else None)
@@ -221,7 +221,7 @@ def test_the_plain_step_follows_weights_changed_in_place() -> None:
     model = make(positional="rotary", norm="rms", mlp="gated", activation="silu",
                  num_kv_heads=1)
     ids = torch.randint(0, V, (1, 8))
-    attn, ff = model.layers[1].self_attn, model.layers[1].ff
+    attn, ff = model.blocks[1].attn, model.blocks[1].mlp
     with torch.no_grad():
         attn.k_proj.weight.mul_(-0.5)
         ff.up_proj.weight.add_(0.25)

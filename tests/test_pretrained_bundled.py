@@ -46,8 +46,8 @@ def test_config_and_structure(ours) -> None:
     assert model.config.hidden_size == 384 and model.config.num_hidden_layers == 6
     assert model.config.layer_norm_eps == 1e-12
     assert model.max_positions == 512 == tokenizer.max_length
-    assert model.encoder.layers[0].self_attn.num_heads == 12
-    assert model.encoder.layers[0].ff.activation_name == "gelu"
+    assert model.blocks[0].attn.num_heads == 12
+    assert model.blocks[0].mlp.activation_name == "gelu"
     assert not model.training
     assert model.sentence_pooling.modes == ("mean",) and model.sentence_pooling.normalize
 

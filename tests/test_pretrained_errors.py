@@ -52,7 +52,7 @@ def test_missing_unexpected_and_misshaped_listed_together(ckpt) -> None:
     msg = str(info.value)
     assert "nothing was loaded" in msg
     assert "1 missing keys" in msg  # in the file's name, with handformer's beside it
-    assert "encoder.layer.1.output.dense.bias (32,) (model: encoder.layers.1.ff.linear2.bias)" \
+    assert "encoder.layer.1.output.dense.bias (32,) (model: blocks.1.mlp.linear2.bias)" \
         in msg
     assert "1 unexpected keys" in msg and "encoder.layer.0.attention.self.extra.weight (3,)" in msg
     assert "1 mis-shaped keys" in msg
@@ -66,7 +66,7 @@ def test_config_that_does_not_match_weights(ckpt) -> None:
     config = json.loads((ckpt / "config.json").read_text())
     config["intermediate_size"] = 40
     (ckpt / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match=r"ff.linear1.weight expects \(40, 32\), found "
+    with pytest.raises(CheckpointError, match=r"mlp.linear1.weight expects \(40, 32\), found "
                                               r"\(37, 32\)"):
         load_bert(ckpt)
 

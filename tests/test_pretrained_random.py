@@ -56,7 +56,7 @@ def test_random_configs_match_transformers(tmp_path, sizes) -> None:
     model, tokenizer = load_bert(tmp_path)
     assert (model.pooler is None) == (ref.pooler is None)
     assert model.config.layer_norm_eps == sizes.get("eps", 1e-7)
-    assert len(model.encoder.layers) == sizes["layers"]
+    assert len(model.blocks) == sizes["layers"]
     compare(model, ref, batch())
     compare(model, ref, batch(lengths=(7,)))
 
@@ -124,16 +124,16 @@ def test_attention_kind_swaps_in_every_layer(tmp_path) -> None:
 
     ref = tiny_checkpoint(tmp_path, layers=3)
     model, _ = load_bert(tmp_path, attention=Counting())
-    kinds = [layer.self_attn.attention for layer in model.encoder.layers]
+    kinds = [layer.attn.attention for layer in model.blocks]
     assert all(isinstance(k, Counting) for k in kinds) and len({id(k) for k in kinds}) == 3
     compare(model, ref, batch())
     assert len(calls) == 6  # 3 layers, weights pass + fused pass
     factory_model, _ = load_bert(tmp_path, attention=Counting)
-    assert isinstance(factory_model.encoder.layers[2].self_attn.attention, Counting)
+    assert isinstance(factory_model.blocks[2].attn.attention, Counting)
     with pytest.raises(TypeError, match="attention must be"):
         load_bert(tmp_path, attention=42)
     named, _ = load_bert(tmp_path, attention="local", window_size=3)  # names, as the CLI's
-    assert isinstance(named.encoder.layers[0].self_attn.attention, LocalAttention)
+    assert isinstance(named.blocks[0].attn.attention, LocalAttention)
 
 
 def test_float64_load_and_embed_default_pooling(tmp_path) -> None:
@@ -184,7 +184,7 @@ def test_config_from_dict_reads_hf_keys() -> None:
     assert (c.hidden_size, c.num_attention_heads, c.layer_norm_eps) == (24, 2, 1e-6)
     assert BertConfig.from_dict(c.to_dict()) == c
     model = BertModel(c, add_pooling_layer=False)
-    assert model.encoder.layers[0].norm1.eps == 1e-6
+    assert model.blocks[0].ln1.eps == 1e-6
     assert BertTokenizer.__module__.startswith("handformer.tokenizers.")  # our own, exported
 
 

@@ -38,7 +38,7 @@ def test_factored_qk_at_an_offset_and_ov_give_the_real_head() -> None:
     names = [f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.attn.hook_attn_scores",
              f"blocks.{layer}.attn.hook_pattern", f"blocks.{layer}.attn.hook_result"]
     _, cache = run_with_cache(model, ids[None], names=names)
-    h = model.layers[layer].norm1(cache[names[0]])[0]  # (L, E) the attention's input
+    h = model.blocks[layer].ln1(cache[names[0]])[0]  # (L, E) the attention's input
     QK = head_qk(model, layer, head, offset=k - q)
     score = h[q] @ QK.AB @ h[k] / 4 ** 0.5  # head_dim 4: scale 1/2
     assert float(soft_cap(score, 20.0)) == pytest.approx(float(cache[names[1]][0, head, q, k]),

@@ -182,9 +182,9 @@ def test_safetensors_folder_loads_quantized_with_the_same_names(llama_dir: Path)
                       if not (n.endswith(".weight") and n[:-7] in linears | {"tok_emb"})}
     assert type(q.tok_emb) is Int8Embedding
     torch.testing.assert_close(q.tok_emb.weight.double(), _reference_weight(fp.tok_emb.weight))
-    assert q.layers[0].self_attn.q_proj.bias is not None  # loaded after its weight
-    torch.testing.assert_close(q.layers[0].self_attn.q_proj.bias,
-                               fp.layers[0].self_attn.q_proj.bias)
+    assert q.blocks[0].attn.q_proj.bias is not None  # loaded after its weight
+    torch.testing.assert_close(q.blocks[0].attn.q_proj.bias,
+                               fp.blocks[0].attn.q_proj.bias)
     for name in linears:
         torch.testing.assert_close(q.get_submodule(name).weight.double(),
                                    _reference_weight(fp.get_submodule(name).weight))
@@ -261,7 +261,7 @@ def test_hooks_and_cache_see_the_float_activations(smollm2, smollm2_int8):
     # residual through the final norm's weight and W_U gives the model's logits back.
     with torch.no_grad():
         resid = cache.accumulated_resid(apply_ln=True)[-1, 0, -1]  # (E,)
-        direct = (resid * smollm2_int8.norm.weight) @ smollm2_int8.lm_head.weight.T  # (V,)
+        direct = (resid * smollm2_int8.ln_final.weight) @ smollm2_int8.lm_head.weight.T  # (V,)
     assert float((direct - out.logits[0, -1]).abs().max()) < 0.01
 
 
@@ -304,9 +304,9 @@ def test_serve_state_loads_int8_and_its_variants_share_the_weights(llama_tok_dir
 
     state = ModelState(str(llama_tok_dir), quantize="int8")
     local = state.variant(AttentionChoice("local", window_size=3))
-    base_q = state.model.layers[0].self_attn.q_proj
+    base_q = state.model.blocks[0].attn.q_proj
     assert type(base_q) is Int8Linear
-    assert local.layers[0].self_attn.q_proj._packed is base_q._packed
+    assert local.blocks[0].attn.q_proj._packed is base_q._packed
 
 
 def test_a_group_makes_one_product_for_its_members_and_no_stale_one():
@@ -346,7 +346,7 @@ def test_a_group_makes_one_product_for_its_members_and_no_stale_one():
 def test_quantize_model_packs_each_layer_s_projections(llama_dir: Path):
     fp, _ = load_lm(llama_dir, tokenizer=False)
     q = quantize_model(fp)
-    attn, ff = q.layers[0].self_attn, q.layers[0].ff
+    attn, ff = q.blocks[0].attn, q.blocks[0].mlp
     assert attn.q_proj._group is attn.k_proj._group is attn.v_proj._group
     assert ff.gate_proj._group is ff.up_proj._group is not ff.down_proj._group
     assert attn.out_proj._group is not attn.q_proj._group

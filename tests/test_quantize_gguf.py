@@ -58,15 +58,15 @@ def test_int8_weights_are_the_blocks_on_row_grids(tmp_path: Path, qtype: Q):
     path = tiny_llama_gguf(tmp_path / "tiny.gguf", qtype=qtype)
     q8, _ = load_lm(path, tokenizer=False, quantize="int8")
     fp, _ = load_lm(path, tokenizer=False)
-    names = {"self_attn.v_proj": "attn_v", "self_attn.out_proj": "attn_output",
-             "ff.gate_proj": "ffn_gate", "ff.up_proj": "ffn_up", "ff.down_proj": "ffn_down"}
+    names = {"attn.v_proj": "attn_v", "attn.out_proj": "attn_output",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
     for ours, theirs in names.items():
-        layer = q8.get_submodule(f"layers.0.{ours}")
+        layer = q8.get_submodule(f"blocks.0.{ours}")
         assert type(layer) is Int8Linear
         _on_row_grids(layer.weight, _blocks(path, f"blk.0.{theirs}.weight"), layer.exact_columns)
-    for ours in ("self_attn.q_proj", "self_attn.k_proj"):  # llama.cpp's row permutation undone
-        layer = q8.get_submodule(f"layers.0.{ours}")
-        _on_row_grids(layer.weight, fp.get_submodule(f"layers.0.{ours}").weight.double(),
+    for ours in ("attn.q_proj", "attn.k_proj"):  # llama.cpp's row permutation undone
+        layer = q8.get_submodule(f"blocks.0.{ours}")
+        _on_row_grids(layer.weight, fp.get_submodule(f"blocks.0.{ours}").weight.double(),
                       layer.exact_columns)
     # the tied head: the embedding's blocks on row grids; the embedding: the blocks exactly
     embd = _blocks(path, "token_embd.weight")

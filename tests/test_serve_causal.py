@@ -112,7 +112,7 @@ def test_generate_streams_tokens_with_their_attention(client, direct, kind, head
 
     ref = zero_heads(model, [tuple(h) for h in heads])
     for layer in _layers(ref):
-        layer.self_attn.attention = AttentionChoice(kind, window_size=5).make()
+        layer.attn.attention = AttentionChoice(kind, window_size=5).make()
     ids = vocab.encode(PROMPT)
     for step, event in enumerate(tokens):
         with torch.inference_mode():

@@ -136,9 +136,9 @@ def test_card_contexts_and_logit_effects(setup):
         float(acts[1:, f].max()), abs=1e-4)
     # Logit effects: W_U (V, E) · (final-norm weight ⊙ W_dec[f]), in float64; this model's
     # final norm is a LayerNorm, which centres what it reads.
-    assert isinstance(state.model.norm, torch.nn.LayerNorm)
+    assert isinstance(state.model.ln_final, torch.nn.LayerNorm)
     row = sae.W_dec[f].detach().double()
-    direction = (row - row.mean()) * state.model.norm.weight.detach().double()
+    direction = (row - row.mean()) * state.model.ln_final.weight.detach().double()
     effects = state.model.lm_head.weight.detach().double() @ direction  # (V,)
     top = [state.tokenizer.decode([int(i)]) for i in effects.topk(3).indices]
     assert [p["token"] for p in card["promoted"][:3]] == top

@@ -1,4 +1,5 @@
-"""The server's routes are module-level handlers (handformer.serve.routes), one per route,
+"""The server's routes are module-level handlers (handformer.serve.routes, feature_routes,
+graph_routes), one per route,
 that read what they share from their app (``request.app.state.served``): two apps in one
 process share nothing."""
 
@@ -11,7 +12,7 @@ import pytest
 
 pytest.importorskip("starlette")
 
-from handformer.serve import ModelState, feature_routes, routes  # noqa: E402
+from handformer.serve import ModelState, feature_routes, graph_routes, routes  # noqa: E402
 from handformer.serve.app import create_app  # noqa: E402
 from serve_util import causal_folder  # noqa: E402
 
@@ -31,7 +32,8 @@ def test_every_documented_route_has_a_module_level_handler(state: ModelState) ->
     assert served == documented
     for route in app.routes:
         handler = route.endpoint
-        module = feature_routes if route.path.startswith("/api/features") else routes
+        module = (feature_routes if route.path.startswith("/api/features") else
+                  graph_routes if route.path.startswith("/api/graph") else routes)
         assert handler.__module__ == module.__name__, route.path
         assert "<locals>" not in handler.__qualname__, route.path  # not a closure
         assert getattr(module, handler.__name__) is handler

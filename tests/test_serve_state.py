@@ -34,9 +34,9 @@ def test_views_share_every_weight_and_leave_the_model_alone(state):
     base = dict(state.model.named_parameters())
     for name, p in local.named_parameters():
         assert p is base[name], name  # the same tensor object: no copy of the weights
-    for layer, base_layer in zip(local.encoder.layers, state.model.encoder.layers, strict=True):
-        assert isinstance(layer.self_attn.attention, LocalAttention)
-        assert type(base_layer.self_attn.attention) is FullAttention
+    for layer, base_layer in zip(local.blocks, state.model.blocks, strict=True):
+        assert isinstance(layer.attn.attention, LocalAttention)
+        assert type(base_layer.attn.attention) is FullAttention
     before = {k: v.clone() for k, v in state.model.state_dict().items()}
     compute.run(state, parse_run({"text": "a b c", "attention": "local", "window_size": 3,
                                   "heads": [[0, 1]]}, state))

@@ -357,7 +357,7 @@ def test_ablation_metric_returning_none_names_metric(bert_dir) -> None:
 
 
 def _pattern_kinds(model) -> list[object]:
-    return [layer.self_attn.attention for layer in model.encoder.layers]
+    return [layer.attn.attention for layer in model.blocks]
 
 
 @pytest.mark.parametrize("kwargs, kind, attrs", [
@@ -398,9 +398,9 @@ def test_names_everywhere_a_kind_is_taken(bert_dir) -> None:
     assert isinstance(hf.MultiHeadAttention(8, 2, attention="local").attention,
                       hf.LocalAttention)
     layer = hf.EncoderLayer(8, 2, 16, attention="strided")
-    assert layer.self_attn.attention.stride == 3 and layer.self_attn.dropout == 0.0
+    assert layer.attn.attention.stride == 3 and layer.attn.dropout == 0.0
     assert isinstance(hf.DecoderLayer(8, 2, 16, attention="linear", cross_attention=False)
-                      .self_attn.attention, hf.LinearAttention)
+                      .attn.attention, hf.LinearAttention)
 
 
 @pytest.mark.parametrize("kwargs, exc, message", [

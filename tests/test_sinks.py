@@ -72,8 +72,8 @@ def sink_lm(window: int, sinks: int) -> hf.CausalLM:
     torch.manual_seed(2)
     model = hf.CausalLM(hf.CausalLMConfig(vocab_size=40, max_len=64, d_model=16, num_heads=2,
                                           num_layers=2, d_ff=32, positional="rotary"))
-    for layer in model.layers:
-        layer.self_attn.attention = SinkAttention(window, sink_tokens=sinks)
+    for layer in model.blocks:
+        layer.attn.attention = SinkAttention(window, sink_tokens=sinks)
     return model.eval()
 
 

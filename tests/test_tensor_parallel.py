@@ -98,10 +98,10 @@ for name, (options, vocab) in CASES.items():
     mine = sum((p.to_local() if hasattr(p, "to_local") else p).numel() * p.element_size()
                for p in tp.parameters())
     norms = sum(p.numel() * p.element_size() for n, p in model.named_parameters()
-                if "norm" in n)
+                if "norm" in n or n.split(".")[-2].startswith("ln"))
     saved[name] = {"one": one, "tp": results(tp, ids, mask), "whole": whole, "mine": mine,
                    "norms": norms,
-                   "kv": tp.layers[0].self_attn.k_proj.weight.shape[0] // cfg.head_dim}
+                   "kv": tp.blocks[0].attn.k_proj.weight.shape[0] // cfg.head_dim}
     if name == "smollm2":  # hook points gather only when a hook listens
         calls = []
         gather = shards.dist.all_gather
@@ -303,9 +303,9 @@ def test_quantized_projections_are_refused_by_name() -> None:
 
     model = hf.CausalLM(hf.CausalLMConfig(vocab_size=23, max_len=16, d_model=8, num_heads=2,
                                           num_layers=1, d_ff=16))
-    model.layers[0].ff.linear1 = Int8Linear()
+    model.blocks[0].mlp.linear1 = Int8Linear()
     mesh = DeviceMesh("cpu", [0, 1], _init_backend=False, _rank=0)  # no process group needed
-    with pytest.raises(ValueError, match=r"layers\.0\.ff\.linear1 is a .*Int8Linear \(a "
+    with pytest.raises(ValueError, match=r"blocks.0.mlp\.linear1 is a .*Int8Linear \(a "
                                          r"quantized model\?\): load it without quantize="):
         parallelize(model, mesh)
 

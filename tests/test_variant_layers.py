@@ -55,7 +55,7 @@ def test_encoder_layer_with_kind_trains_and_matches_in_eval(kind):
     torch.manual_seed(0)
     B, L, E = 2, 23, 16
     layer = EncoderLayer(E, 4, 32, dropout=0.1, attention=kind)  # residual dropouts only
-    assert layer.self_attn.dropout == 0.0
+    assert layer.attn.dropout == 0.0
     x = torch.randn(B, L, E, requires_grad=True)
     keep = padding_keep([23, 9], L)
     layer.train()

@@ -5,11 +5,11 @@ Shape letters: ``B`` batch, ``H`` heads, ``L`` target length, ``S`` memory (sour
 
 ``norm_first=False`` is the original post-LN layer (as ``torch.nn.TransformerDecoderLayer``)::
 
-    x = norm1(x + drop1(self_attn(x)))
-    x = norm2(x + drop2(cross_attn(x, memory)))
-    x = norm3(x + drop3(ff(x)))
+    x = ln1(x + drop1(attn(x)))
+    x = ln_cross(x + drop2(cross_attn(x, memory)))
+    x = ln2(x + drop3(mlp(x)))
 
-``norm_first=True`` is pre-LN (``x = x + drop1(self_attn(norm1(x)))`` and so on). With
+``norm_first=True`` is pre-LN (``x = x + drop1(attn(ln1(x)))`` and so on). With
 ``cross_attention=False`` the middle block is absent: that is the block of a decoder-only
 model such as GPT-2 (``CausalLM``).
 
@@ -19,8 +19,13 @@ a gated MLP (``mlp="gated"``), grouped-query attention (``num_kv_heads``, ``head
 per-projection biases, QK-norm, an attention scale, and Gemma's sandwich norms
 (``sandwich_norm=True``): a norm on each sublayer's output before the residual sum::
 
-    x = x + post_attn_norm(self_attn(norm1(x)))
-    x = x + post_mlp_norm(ff(norm3(x)))
+    x = x + ln1_post(attn(ln1(x)))
+    x = x + ln2_post(mlp(ln2(x)))
+
+One name per part: a submodule's path is its hook name (``blocks.3.attn.hook_pattern`` is
+``model.blocks[3].attn.hook_pattern``), as in TransformerLens. The names before that
+(``self_attn``, ``ff``, ``norm1``...) still load and read, with a warning
+(:mod:`handformer.legacy_names`).
 """
 
 from __future__ import annotations
@@ -38,8 +43,8 @@ from handformer.layers import (
     MultiHeadAttention,
     attention_dropout,
 )
+from handformer.legacy_names import LegacyNames
 from handformer.norms import make_norm
-from handformer.weight_views import BlockViews
 
 if TYPE_CHECKING:
     from handformer.attention.cache import LayerCache
@@ -47,8 +52,8 @@ if TYPE_CHECKING:
 __all__ = ["DecoderLayer"]
 
 
-class DecoderLayer(BlockViews, nn.Module):
-    """Causal self-attention, optional cross-attention, feed-forward; residuals and LayerNorms.
+class DecoderLayer(LegacyNames, nn.Module):
+    """Causal self-attention, optional cross-attention, feed-forward; residuals and norms.
 
     The block of a decoder-only model (``norm_first=True``, as GPT-2, Llama and Gemma), one
     residual stream ``x`` of shape ``(B, L, E)`` with two branches added to it; ``[...]`` only
@@ -56,29 +61,60 @@ class DecoderLayer(BlockViews, nn.Module):
 
         x ---------------------------.     hook_resid_pre
         |                            |
-        |                          norm1
+        |                           ln1    ln1.hook_scale, ln1.hook_normalized
         |                            |
-        |                  self_attn (causal)
+        |                   attn (causal)  attn.hook_q ... attn.hook_pattern, attn.hook_z
         |                            |
-        |                    [post_attn_norm]
+        |                       [ln1_post]
         |                            |
         + <----- dropout1 -----------'     hook_attn_out joins here
         |                                  hook_resid_mid
-        +----------------------------.
+        +----------------------------.     hook_mlp_in
         |                            |
-        |                          norm3
+        |                           ln2    ln2.hook_normalized: what the MLP reads
         |                            |
-        |                     ff (the MLP)
+        |                           mlp    mlp.hook_pre, mlp.hook_post
         |                            |
-        |                    [post_mlp_norm]
+        |                       [ln2_post]
         |                            |
         + <----- dropout3 -----------'     hook_mlp_out joins here
         |                                  hook_resid_post
         v
 
-    With ``cross_attention=True`` a third branch, ``norm2 -> cross_attn(memory)``, joins
+    With ``cross_attention=True`` a third branch, ``ln_cross -> cross_attn(memory)``, joins
     between the two (``hook_resid_mid_cross``). Post-LN (``norm_first=False``) puts each norm
-    after its sum instead: ``x = norm1(x + dropout1(self_attn(x)))`` (the module docstring).
+    after its sum instead: ``x = ln1(x + dropout1(attn(x)))`` (the module docstring).
+
+    One name per part: the module path is the hook name, and the Hugging Face key of each
+    part (Llama / Qwen / Mistral, Gemma where it differs, GPT-2; ``model.layers.{i}.`` and
+    ``transformer.h.{i}.`` left out) reads off the same row:
+
+    =================  ===========================================  ==============================
+    module             hooks (``blocks.{i}.`` + ...)                Hugging Face key
+    =================  ===========================================  ==============================
+    ``ln1``            ``ln1.hook_scale``, ``ln1.hook_normalized``  ``input_layernorm``; ``ln_1``
+    ``attn``           ``attn.hook_q`` ... ``attn.hook_result``     ``self_attn.{q,k,v,o}_proj``;
+                                                                    ``attn.c_attn``, ``c_proj``
+    ``attn.q_norm``    ``attn.q_norm.hook_normalized``              ``self_attn.q_norm`` (Qwen3,
+                                                                    Gemma 3)
+    ``ln1_post``       ``ln1_post.hook_normalized``                 Gemma's
+                                                                    ``post_attention_layernorm``
+    (residual)         ``hook_resid_pre``, ``hook_attn_out``,       --
+                       ``hook_resid_mid``, ``hook_mlp_in``
+    ``ln_cross``       ``ln_cross.hook_normalized``                 (encoder-decoder only)
+    ``cross_attn``     ``cross_attn.hook_pattern`` ...              (encoder-decoder only)
+    ``ln2``            ``ln2.hook_scale``, ``ln2.hook_normalized``  ``post_attention_layernorm``
+                                                                    (Gemma: ``pre_feedforward_
+                                                                    layernorm``); ``ln_2``
+    ``mlp``            ``mlp.hook_pre``, ``mlp.hook_pre_linear``,   ``mlp.{gate,up,down}_proj``;
+                       ``mlp.hook_post``                            ``mlp.c_fc``, ``mlp.c_proj``
+    ``ln2_post``       ``ln2_post.hook_normalized``                 Gemma's ``post_feedforward_
+                                                                    layernorm``
+    (residual)         ``hook_mlp_out``, ``hook_resid_post``        --
+    =================  ===========================================  ==============================
+
+    The stack's final norm is ``ln_final`` (``ln_final.hook_normalized``; Hugging Face
+    ``model.norm``, GPT-2 ``transformer.ln_f``).
 
     Args:
         d_model: model dim ``E``.
@@ -96,25 +132,30 @@ class DecoderLayer(BlockViews, nn.Module):
         norm_offset: RMSNorm's weight offset (Gemma: 1.0), QK-norms included.
         mlp: ``"plain"`` (:class:`FeedForward`) or ``"gated"`` (:class:`GatedFeedForward`).
         mlp_bias: biases of the MLP (None: ``bias``).
-        sandwich_norm: norms ``post_attn_norm`` and ``post_mlp_norm`` on the sublayer
-            outputs (pre-norm layers only).
+        sandwich_norm: norms ``ln1_post`` and ``ln2_post`` on the sublayer outputs (pre-norm
+            layers only).
         num_kv_heads, head_dim, qkv_bias, out_bias, qk_norm: the self-attention's options
             (see :class:`MultiHeadAttention`; the QK-norms use ``layer_norm_eps``).
         attn_scale: the self-attention's softmax scale (None: ``1 / sqrt(head_dim)``).
 
-    Submodules: ``self_attn``, ``norm1`` (before attention), ``cross_attn`` and ``norm2``
-    (with cross-attention), ``ff``, ``norm3`` (before the MLP), ``post_attn_norm`` and
-    ``post_mlp_norm`` (sandwich norms only).
+    Submodules: ``attn``, ``ln1`` (before attention), ``cross_attn`` and ``ln_cross`` (with
+    cross-attention), ``mlp``, ``ln2`` (before the MLP), ``ln1_post`` and ``ln2_post``
+    (sandwich norms only; else None).
 
     Hook points, all ``(B, L, E)``: ``hook_resid_pre``, ``hook_attn_out`` (as added to the
-    residual: after ``post_attn_norm``), ``hook_resid_mid``, with cross-attention
-    ``hook_cross_attn_out`` and ``hook_resid_mid_cross``, then ``hook_mlp_out`` and
-    ``hook_resid_post`` (as in :class:`~handformer.EncoderLayer`).
+    residual: after ``ln1_post``), ``hook_resid_mid``, with cross-attention
+    ``hook_cross_attn_out`` and ``hook_resid_mid_cross``, then ``hook_mlp_in`` (the MLP
+    branch's input, before ``ln2`` when pre-LN: a replacement changes the MLP branch only,
+    not the residual it is added to, as TransformerLens' ``use_hook_mlp_in``),
+    ``hook_mlp_out`` and ``hook_resid_post`` (as in :class:`~handformer.EncoderLayer`).
 
     Raises:
         ValueError / TypeError: as :class:`MultiHeadAttention` and :class:`FeedForward`; for
             an unknown ``norm`` or ``mlp``, or ``sandwich_norm`` without ``norm_first``.
     """
+
+    LEGACY_NAMES = {"self_attn": "attn", "ff": "mlp", "norm1": "ln1", "norm2": "ln_cross",
+                    "norm3": "ln2", "post_attn_norm": "ln1_post", "post_mlp_norm": "ln2_post"}
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, *, dropout: float = 0.1,
                  activation: str = "relu", norm_first: bool = False,
@@ -141,33 +182,34 @@ class DecoderLayer(BlockViews, nn.Module):
         def new_norm() -> nn.Module:
             return make_norm(norm, d_model, eps=layer_norm_eps, offset=norm_offset, bias=bias)
 
-        self.self_attn = MultiHeadAttention(
+        self.attn = MultiHeadAttention(
             d_model, num_heads, dropout=attn_dropout, bias=bias, attention=attention,
             rotary=rotary, num_kv_heads=num_kv_heads, head_dim=head_dim, qkv_bias=qkv_bias,
             out_bias=out_bias, qk_norm=qk_norm, qk_norm_eps=layer_norm_eps,
             norm_offset=norm_offset, scale=attn_scale)
-        self.norm1 = new_norm()
+        self.ln1 = new_norm()
         self.dropout1 = Dropout(dropout)
         if cross_attention:
             self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, bias=bias)
-            self.norm2 = new_norm()
+            self.ln_cross = new_norm()
             self.dropout2 = Dropout(dropout)
         else:
             self.cross_attn = None
         mlp_bias = bias if mlp_bias is None else mlp_bias
         if mlp == "gated":
-            self.ff = GatedFeedForward(d_model, d_ff, activation=activation, dropout=dropout,
-                                       bias=mlp_bias)
+            self.mlp = GatedFeedForward(d_model, d_ff, activation=activation, dropout=dropout,
+                                        bias=mlp_bias)
         else:
-            self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout,
-                                  bias=mlp_bias)
-        self.norm3 = new_norm()
+            self.mlp = FeedForward(d_model, d_ff, activation=activation, dropout=dropout,
+                                   bias=mlp_bias)
+        self.ln2 = new_norm()
         self.dropout3 = Dropout(dropout)
-        self.post_attn_norm = new_norm() if sandwich_norm else None
-        self.post_mlp_norm = new_norm() if sandwich_norm else None
+        self.ln1_post = new_norm() if sandwich_norm else None
+        self.ln2_post = new_norm() if sandwich_norm else None
         self.hook_resid_pre, self.hook_resid_mid = HookPoint(), HookPoint()
         self.hook_resid_post = HookPoint()
         self.hook_attn_out, self.hook_mlp_out = HookPoint(), HookPoint()
+        self.hook_mlp_in = HookPoint()
         if cross_attention:
             self.hook_cross_attn_out, self.hook_resid_mid_cross = HookPoint(), HookPoint()
 
@@ -212,16 +254,16 @@ class DecoderLayer(BlockViews, nn.Module):
         cross_weights = None
 
         def self_block(h: Tensor) -> tuple[Tensor, Tensor | None]:
-            out, w = self.self_attn(h, mask=mask, causal=causal, need_weights=need_weights,
+            out, w = self.attn(h, mask=mask, causal=causal, need_weights=need_weights,
                                     cache=cache, positions=positions)
-            if self.post_attn_norm is not None:
-                out = self.post_attn_norm(out)
+            if self.ln1_post is not None:
+                out = self.ln1_post(out)
             return self.hook_attn_out(self.dropout1(out)), w
 
         def mlp_block(h: Tensor) -> Tensor:
-            out = self.ff(h)
-            if self.post_mlp_norm is not None:
-                out = self.post_mlp_norm(out)
+            out = self.mlp(h)
+            if self.ln2_post is not None:
+                out = self.ln2_post(out)
             return self.hook_mlp_out(self.dropout3(out))
 
         def cross_block(h: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -230,17 +272,17 @@ class DecoderLayer(BlockViews, nn.Module):
 
         x = self.hook_resid_pre(x)
         if self.norm_first:
-            attn, self_weights = self_block(self.norm1(x))
+            attn, self_weights = self_block(self.ln1(x))
             x = self.hook_resid_mid(x + attn)
             if self.cross_attn is not None:
-                attn, cross_weights = cross_block(self.norm2(x))
+                attn, cross_weights = cross_block(self.ln_cross(x))
                 x = self.hook_resid_mid_cross(x + attn)
-            x = x + mlp_block(self.norm3(x))
+            x = x + mlp_block(self.ln2(self.hook_mlp_in(x)))
         else:
             attn, self_weights = self_block(x)
-            x = self.hook_resid_mid(self.norm1(x + attn))
+            x = self.hook_resid_mid(self.ln1(x + attn))
             if self.cross_attn is not None:
                 attn, cross_weights = cross_block(x)
-                x = self.hook_resid_mid_cross(self.norm2(x + attn))
-            x = self.norm3(x + mlp_block(x))
+                x = self.hook_resid_mid_cross(self.ln_cross(x + attn))
+            x = self.ln2(x + mlp_block(self.hook_mlp_in(x)))
         return self.hook_resid_post(x), self_weights, cross_weights

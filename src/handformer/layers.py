@@ -25,9 +25,10 @@ from handformer.attention.kinds import AttentionKind, FullAttention, attend_kind
 from handformer.attention.registry import attention_kind
 from handformer.checks import check_dropout, check_positive_int, check_scale
 from handformer.hooks import HookError, HookPoint
+from handformer.legacy_names import LegacyNames
 from handformer.norms import LayerNorm, RMSNorm
 from handformer.packing import pack_linears
-from handformer.weight_views import AttentionViews, BlockViews, GatedMLPViews, MLPViews
+from handformer.weight_views import AttentionViews, GatedMLPViews, MLPViews
 
 if TYPE_CHECKING:
     from handformer.attention.cache import LayerCache
@@ -483,13 +484,26 @@ def projection_groups(model: nn.Module) -> list[tuple[nn.Linear, ...]]:
     return groups
 
 
-class EncoderLayer(BlockViews, nn.Module):
+class EncoderLayer(LegacyNames, nn.Module):
     """Self-attention + feed-forward, each with a residual connection and LayerNorm.
 
     ``norm_first=False`` is the original post-LN layer (the seed's):
-    ``x = norm1(x + drop(attn(x))); x = norm2(x + drop(ff(x)))``. ``norm_first=True`` is
-    pre-LN: ``x = x + drop(attn(norm1(x))); x = x + drop(ff(norm2(x)))``, which trains more
+    ``x = ln1(x + drop(attn(x))); x = ln2(x + drop(mlp(x)))``. ``norm_first=True`` is
+    pre-LN: ``x = x + drop(attn(ln1(x))); x = x + drop(mlp(ln2(x)))``, which trains more
     stably in deep stacks (and then needs a final norm after the stack).
+
+    One name per part (module path = hook name, as :class:`~handformer.DecoderLayer`'s table;
+    the Hugging Face BERT key of ``blocks.{i}.`` is ``encoder.layer.{i}.`` + the last column):
+
+    ========  ===================================================  ==============================
+    module    hooks (``blocks.{i}.`` + ...)                        Hugging Face BERT key
+    ========  ===================================================  ==============================
+    ``attn``  ``attn.hook_q`` ... ``attn.hook_result``             ``attention.self.query`` ...
+    ``ln1``   ``ln1.hook_scale``, ``ln1.hook_normalized``          ``attention.output.LayerNorm``
+    ``mlp``   ``mlp.hook_pre``, ``mlp.hook_post``                  ``intermediate.dense``,
+                                                                   ``output.dense``
+    ``ln2``   ``ln2.hook_scale``, ``ln2.hook_normalized``          ``output.LayerNorm``
+    ========  ===================================================  ==============================
 
     Args:
         d_model: model dim ``E``.
@@ -504,12 +518,15 @@ class EncoderLayer(BlockViews, nn.Module):
 
     Hook points: ``hook_resid_pre`` (the layer's input), ``hook_attn_out`` (the attention
     sublayer's output, as added to the residual), ``hook_resid_mid`` (the residual after
-    it: after ``norm1`` when post-LN), ``hook_mlp_out`` and ``hook_resid_post`` (the
-    layer's output), all ``(B, L, E)``.
+    it: after ``ln1`` when post-LN), ``hook_mlp_in`` (the MLP branch's input; a replacement
+    changes that branch only), ``hook_mlp_out`` and ``hook_resid_post`` (the layer's output),
+    all ``(B, L, E)``.
 
     Raises:
         ValueError / TypeError: as :class:`MultiHeadAttention` and :class:`FeedForward`.
     """
+
+    LEGACY_NAMES = {"self_attn": "attn", "ff": "mlp", "norm1": "ln1", "norm2": "ln2"}
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, *, dropout: float = 0.1,
                  activation: str = "relu", norm_first: bool = False,
@@ -519,16 +536,17 @@ class EncoderLayer(BlockViews, nn.Module):
         attn_dropout = attention_dropout(dropout, attention)
         self.d_model = d_model
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=attn_dropout, bias=bias,
-                                            attention=attention)
-        self.ff = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
-        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
-        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.attn = MultiHeadAttention(d_model, num_heads, dropout=attn_dropout, bias=bias,
+                                       attention=attention)
+        self.mlp = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
+        self.ln1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.ln2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
         self.dropout1 = Dropout(dropout)
         self.dropout2 = Dropout(dropout)
         self.hook_resid_pre, self.hook_resid_mid = HookPoint(), HookPoint()
         self.hook_resid_post = HookPoint()
         self.hook_attn_out, self.hook_mlp_out = HookPoint(), HookPoint()
+        self.hook_mlp_in = HookPoint()
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, causal: bool = False) -> Tensor:
         """``(B, L, E)`` -> ``(B, L, E)``. ``mask`` broadcasts to ``(B, H, L, L)``."""
@@ -540,22 +558,22 @@ class EncoderLayer(BlockViews, nn.Module):
         """Like :meth:`forward`, also returning the per-head weights ``(B, H, L, L)``."""
         x = self.hook_resid_pre(x)
         if self.norm_first:
-            attn, weights = self.self_attn(self.norm1(x), mask=mask, causal=causal,
-                                           need_weights=need_weights)
+            attn, weights = self.attn(self.ln1(x), mask=mask, causal=causal,
+                                      need_weights=need_weights)
             x = self.hook_resid_mid(x + self.hook_attn_out(self.dropout1(attn)))
-            x = x + self.hook_mlp_out(self.dropout2(self.ff(self.norm2(x))))
+            h = self.ln2(self.hook_mlp_in(x))
+            x = x + self.hook_mlp_out(self.dropout2(self.mlp(h)))
         else:
-            attn, weights = self.self_attn(x, mask=mask, causal=causal,
-                                           need_weights=need_weights)
-            x = self.hook_resid_mid(self.norm1(x + self.hook_attn_out(self.dropout1(attn))))
-            x = self.norm2(x + self.hook_mlp_out(self.dropout2(self.ff(x))))
+            attn, weights = self.attn(x, mask=mask, causal=causal, need_weights=need_weights)
+            x = self.hook_resid_mid(self.ln1(x + self.hook_attn_out(self.dropout1(attn))))
+            x = self.ln2(x + self.hook_mlp_out(self.dropout2(self.mlp(self.hook_mlp_in(x)))))
         return self.hook_resid_post(x), weights
 
 
 def stack_norm(first: nn.Module, final_norm: bool | nn.Module) -> nn.Module | None:
-    """The norm after a stack: a LayerNorm like ``first.norm1`` (True), a module, or None."""
+    """The norm after a stack: a LayerNorm like ``first.ln1`` (True), a module, or None."""
     if final_norm is True:
-        return LayerNorm(first.d_model, eps=first.norm1.eps)
+        return LayerNorm(first.d_model, eps=first.ln1.eps)
     if isinstance(final_norm, nn.Module):
         return final_norm
     return None

@@ -14,9 +14,13 @@ Shape letters: ``B`` batch, ``L`` length, ``E`` the normalised (last) dim.
 
 Both expose ``hook_scale``, the divisor ``sqrt(var + eps)`` or ``sqrt(mean(x^2) + eps)``
 ``(B, L, 1)``: what TransformerLens calls ``ln.hook_scale``, needed to attribute through a norm
-(a direct logit attribution divides each component by the same scale). While a hook listens
-the norm is computed explicitly from that (possibly replaced) divisor; otherwise by torch's
-fused kernel (LayerNorm) or the plain formula (RMSNorm).
+(a direct logit attribution divides each component by the same scale); and
+``hook_normalized``, the norm's output ``(B, L, E)`` (weight and bias applied), as
+TransformerLens' ``ln2.hook_normalized``: what the MLP after ``ln2`` reads, the input of a
+transcoder. Every norm has both, a block's QK-norms included
+(``blocks.0.attn.q_norm.hook_normalized``: each head's query before the rotation). While a
+hook listens to ``hook_scale`` the norm is computed explicitly from that (possibly replaced)
+divisor; otherwise by torch's fused kernel (LayerNorm) or the plain formula (RMSNorm).
 
 This module imports only :mod:`handformer.hooks` and :mod:`handformer.checks`.
 """
@@ -52,7 +56,8 @@ class LayerNorm(nn.LayerNorm):
         eps: added to the variance.
         bias: learn a bias (``b``); the weight is always learnt.
 
-    Hook point: ``hook_scale`` ``(..., 1)``, the divisor ``sqrt(var + eps)`` (biased variance).
+    Hook points: ``hook_scale`` ``(..., 1)``, the divisor ``sqrt(var + eps)`` (biased
+    variance); ``hook_normalized`` ``(..., E)``, the output.
 
     Raises:
         ValueError: for a non-positive ``dim`` or ``eps``.
@@ -60,12 +65,13 @@ class LayerNorm(nn.LayerNorm):
 
     def __init__(self, dim: int, *, eps: float = 1e-5, bias: bool = True) -> None:
         super().__init__(check_positive_int("dim", dim), eps=_check_eps(eps), bias=bias)
-        self.hook_scale = HookPoint()
+        self.hook_scale, self.hook_normalized = HookPoint(), HookPoint()
 
     def forward(self, x: Tensor) -> Tensor:
         """``(..., E)`` -> ``(..., E)``."""
         if not self.hook_scale.listening():
-            return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+            return self.hook_normalized(
+                F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps))
         xf = x.float() if x.dtype in _HALF else x
         centred = xf - xf.mean(dim=-1, keepdim=True)  # (..., E)
         var = centred.pow(2).mean(dim=-1, keepdim=True)  # (..., 1)
@@ -73,7 +79,7 @@ class LayerNorm(nn.LayerNorm):
         y = centred / scale * self.weight.to(xf.dtype)
         if self.bias is not None:
             y = y + self.bias.to(xf.dtype)
-        return y.to(x.dtype)
+        return self.hook_normalized(y.to(x.dtype))
 
 
 class RMSNorm(nn.Module):
@@ -88,7 +94,8 @@ class RMSNorm(nn.Module):
     The parameter is ``weight`` ``(dim,)``, initialised so that the scale is 1
     (``1 - offset``). Half-precision inputs are normalised in float32 and cast back.
 
-    Hook point: ``hook_scale`` ``(..., 1)``, the divisor ``sqrt(mean(x^2) + eps)``.
+    Hook points: ``hook_scale`` ``(..., 1)``, the divisor ``sqrt(mean(x^2) + eps)``;
+    ``hook_normalized`` ``(..., E)``, the output.
 
     Raises:
         ValueError: for a non-positive ``dim`` or ``eps``, or an ``offset`` that is not a
@@ -104,7 +111,7 @@ class RMSNorm(nn.Module):
             raise ValueError(f"offset must be a finite number, got {offset!r}")
         self.offset = float(offset)
         self.weight = nn.Parameter(torch.full((dim,), 1.0 - self.offset))
-        self.hook_scale = HookPoint()
+        self.hook_scale, self.hook_normalized = HookPoint(), HookPoint()
 
     def forward(self, x: Tensor) -> Tensor:
         """``(..., E)`` -> ``(..., E)``, in ``x``'s dtype."""
@@ -113,10 +120,11 @@ class RMSNorm(nn.Module):
         if self.offset:
             weight = self.offset + weight
         if not self.hook_scale.listening():  # torch's fused kernel: x * rsqrt(mean(x^2) + eps) * w
-            return F.rms_norm(xf, (xf.shape[-1],), weight, self.eps).to(x.dtype)
+            return self.hook_normalized(
+                F.rms_norm(xf, (xf.shape[-1],), weight, self.eps).to(x.dtype))
         mean_sq = xf.pow(2).mean(dim=-1, keepdim=True)  # (..., 1)
         normed = xf / self.hook_scale(torch.sqrt(mean_sq + self.eps))  # (..., E)
-        return (normed * weight).to(x.dtype)
+        return self.hook_normalized((normed * weight).to(x.dtype))
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}, offset={self.offset}"

@@ -23,8 +23,6 @@ view                          shape               of
 ``mlp.W_in`` / ``b_in``       ``(E, F)`` / ``(F,)``   ``linear1`` (``up_proj`` when gated)
 ``mlp.W_gate``                ``(E, F)``          ``gate_proj`` (gated MLPs only)
 ``mlp.W_out`` / ``b_out``     ``(F, E)`` / ``(E,)``   ``linear2`` (``down_proj``)
-``blocks``                    list of layers      ``layers`` (the same ``ModuleList``)
-``blocks[i].attn`` / ``mlp``  modules             ``self_attn`` / ``ff`` (the same modules)
 ``cfg``                       --                  ``config``, TransformerLens' field names
 ============================  ==================  ===========================================
 
@@ -45,8 +43,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-__all__ = ["AttentionViews", "MLPViews", "GatedMLPViews", "BlockViews", "CausalLMViews",
-           "TLConfig"]
+__all__ = ["AttentionViews", "MLPViews", "GatedMLPViews", "CausalLMViews", "TLConfig"]
 
 
 class ReadOnlyViews:
@@ -207,23 +204,6 @@ class GatedMLPViews(MLPViews):
         return self.gate_proj.weight.T  # (E, F)
 
 
-class BlockViews(ReadOnlyViews):
-    """``attn`` and ``mlp``: TransformerLens' names of a layer's ``self_attn`` and ``ff``
-    (the same modules, not registered again)."""
-
-    _VIEW_SOURCES: ClassVar[dict[str, str]] = {"attn": "self_attn", "mlp": "ff"}
-
-    @property
-    def attn(self) -> nn.Module:
-        """The self-attention module (``self_attn``)."""
-        return self.self_attn
-
-    @property
-    def mlp(self) -> nn.Module:
-        """The feed-forward module (``ff``)."""
-        return self.ff
-
-
 _ACT_FN = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_new", "silu": "silu"}
 _POSITIONAL = {"learned": "standard", "rotary": "rotary", "sinusoidal": "sinusoidal"}
 
@@ -290,11 +270,12 @@ class TLConfig:
 
 
 class CausalLMViews(ReadOnlyViews):
-    """``W_E W_U b_U W_pos blocks cfg`` of a :class:`~handformer.CausalLM`."""
+    """``W_E W_U b_U W_pos cfg`` of a :class:`~handformer.CausalLM` (``blocks`` is its own
+    ``ModuleList``, ``blocks[i].attn`` and ``.mlp`` its real modules)."""
 
     _VIEW_SOURCES: ClassVar[dict[str, str]] = {
         "W_E": "tok_emb.weight", "W_U": "lm_head.weight", "b_U": "lm_head.bias",
-        "W_pos": "pos_emb.weight", "blocks": "layers", "cfg": "config"}
+        "W_pos": "pos_emb.weight", "cfg": "config"}
 
     @property
     def W_E(self) -> Tensor:  # noqa: N802
@@ -335,12 +316,6 @@ class CausalLMViews(ReadOnlyViews):
         if name == "W_pos":  # the property raised: say why, not "no attribute"
             raise AttributeError(self._no_positions())
         return super().__getattr__(name)
-
-    @property
-    def blocks(self) -> nn.ModuleList:
-        """The decoder layers (``layers``, the same ``ModuleList``); ``blocks[i].attn`` and
-        ``blocks[i].mlp`` are its ``self_attn`` and ``ff``."""
-        return self.layers
 
     @property
     def cfg(self) -> TLConfig:

@@ -37,6 +37,7 @@ from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
 
 from handformer.checks import mkstemp_beside
+from handformer.legacy_names import legacy_key_map
 
 __all__ = ["CheckpointError", "LoadReport", "load_safetensors", "checkpoint_problems",
            "read_safetensors_header", "save_safetensors", "write_atomically", "pickle_refusal",
@@ -216,6 +217,9 @@ def _plan(model: nn.Module, header: dict[str, dict], key_map: KeyMap | None,
     Checkpoint keys come first in every line, the model's name beside it where it differs.
     """
     state, aliases = _model_entries(model)
+    if key_map is None:  # handformer's own files: today's names, or the old ones
+        key_map = legacy_key_map(model) or None
+        file_keys = file_keys if file_keys is not None else {}  # report today's names
     file_key = _file_key_function(key_map, file_keys)
     plan: list[tuple[str, str, Transform | None]] = []
     skipped: list[str] = []
@@ -338,7 +342,9 @@ def load_safetensors(model: nn.Module, path: str | os.PathLike,
             ``(model key, transform)`` pair or a list of such pairs (and plain keys): the
             transform maps the stored tensor to the parameter's value, e.g. a transpose, or
             one third of a fused query/key/value matrix; shapes are checked by running it on
-            a meta tensor before anything is read. Default: names unchanged. A key map
+            a meta tensor before anything is read. Default: names unchanged, except the
+            module names before "one name per part" (``layers.0.self_attn`` ->
+            ``blocks.0.attn``, :func:`~handformer.legacy_names.legacy_key_map`). A key map
             object may define ``file_key(model_key)``, its inverse (see ``file_keys``).
         file_keys: model key -> the checkpoint key it is loaded from, as a function or a
             mapping: the names under which missing keys are reported (the model's name is

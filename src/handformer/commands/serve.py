@@ -50,6 +50,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "load_dictionary reads: SAELens, Gemma Scope, sparsify, "
                              "handformer train-sae); adds the page's Features view; give it "
                              "several times for several")
+    parser.add_argument("--graph", metavar="FILE.json", action="append", default=None,
+                        help="an attribution graph to explore on the page (the JSON "
+                             "save_graph_json or circuit-tracer writes); give it several times "
+                             "for several")
+    parser.add_argument("--transcoders", metavar="PATH", default=None,
+                        help="one transcoder per layer of the first model (a circuit-tracer "
+                             "config.yaml, a handformer train-sae --transcoder run folder, or "
+                             "a folder of one transcoder per layer): the page computes the "
+                             "attribution graph of the text typed in, with feature cards")
     add_device_argument(parser)
     parser.add_argument("--quantize", choices=["int8"], default=None,
                         help="int8 weights for the causal LMs' linear layers (CPU)")
@@ -94,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
     for model in args.model or [None]:  # another model_type: one line naming what is read
         is_causal_model(None if model in ("", BUNDLED) else model, "serve")
+    files = _graph_files(args)
     loopback = args.host in LOOPBACK
     if not loopback:
         sys.stderr.write(f"warning: --host {args.host} lets other machines reach this server "
@@ -123,10 +133,11 @@ def run(args: argparse.Namespace) -> int:
                 features = load_feature_set(args.dictionary, state)
             except ValueError as exc:
                 raise UsageError(f"--dictionary {exc}") from None
+        graphs = _graph_set(args, state, files)
         hosts = None
         if loopback:
             hosts = {f"{h}:{port}" for h in ("127.0.0.1", "localhost", "[::1]")}
-        app = create_app(registry, allowed_hosts=hosts, features=features)
+        app = create_app(registry, allowed_hosts=hosts, features=features, graphs=graphs)
         config = uvicorn.Config(app, log_level="warning", lifespan="off",
                                 timeout_graceful_shutdown=GRACE_S, access_log=False)
         server = _server_class(uvicorn)(config)
@@ -154,6 +165,45 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.flush()
         os._exit(0)
     return 0
+
+
+def _graph_files(args: argparse.Namespace) -> list[tuple[str, object]]:
+    """``--graph``'s files, read before any model loads (a file that is not a graph is a
+    UsageError naming the file and the field)."""
+    from handformer.features import load_graph_json
+
+    files = []
+    for path in args.graph or []:
+        try:
+            files.append((os.path.basename(path), load_graph_json(path)))
+        except ValueError as exc:  # GraphFileError names the file and the field
+            raise UsageError(f"--graph {' '.join(str(exc).split())}") from None
+    return files
+
+
+def _graph_set(args: argparse.Namespace, state: object, files: list[tuple[str, object]]
+               ) -> object:
+    """The graphs of ``--graph`` and the transcoders of ``--transcoders`` (None without
+    either); transcoders that do not fit the model (or a graph that does not fit them) are a
+    UsageError."""
+    if not files and not args.transcoders:
+        return None
+    from handformer.features.transcoder_set import load_transcoder_set
+    from handformer.serve.graph import GraphSet
+
+    transcoders = None
+    if args.transcoders:
+        try:
+            transcoders = load_transcoder_set(args.transcoders, n_layers=state.num_layers
+                                              if state.causal else None)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--transcoders {' '.join(str(exc).split())}") from None
+    try:
+        return GraphSet(state, transcoders, files)
+    except ValueError as exc:
+        flag = "--graph" if transcoders is not None and str(exc).split(":")[0] in {
+            name for name, _ in files} else "--transcoders"
+        raise UsageError(f"{flag} {' '.join(str(exc).split())} (model {state.name})") from None
 
 
 def _server_class(uvicorn: object) -> type:

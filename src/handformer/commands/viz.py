@@ -257,7 +257,7 @@ def _run_causal(args: argparse.Namespace, text: str, device: object) -> _Run:
     model, tokenizer = load_model_and_tokenizer(args.model, command="viz")
     model.to(device)
     c = model.config
-    kind = model.layers[0].self_attn.attention
+    kind = model.blocks[0].attn.attention
     if args.attention != "full":
         raise UsageError(f"--attention {args.attention} applies to BERT-family encoders; "
                          f"{Path(args.model).name} is a causal language model shown with the "

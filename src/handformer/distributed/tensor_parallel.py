@@ -5,12 +5,12 @@ slices and adds the communication as forward hooks, through PyTorch's own entry 
 ``torch.distributed.tensor.parallel.parallelize_module``, with one
 :class:`~torch.distributed.tensor.parallel.ParallelStyle` per kind of block:
 
-* :class:`HeadParallel` on every ``layers.i.self_attn``: q/k/v column-wise (each projection's
+* :class:`HeadParallel` on every ``blocks.i.attn``: q/k/v column-wise (each projection's
   rows of this rank's whole heads; the three stay packed back to back, so the packed tensor
   holds each part's slice, not a slice of the concatenation), ``out_proj`` row-wise (its
   columns of those heads), then one all-reduce of the ``(B, L, E)`` output. Which heads: see
   :mod:`handformer.distributed.plan` (uneven counts split 5/4, never inside a head).
-* :class:`FeedForwardParallel` on every ``layers.i.ff``: gate/up (or ``linear1``) rows,
+* :class:`FeedForwardParallel` on every ``blocks.i.mlp``: gate/up (or ``linear1``) rows,
   down (or ``linear2``) columns, one all-reduce.
 * The token embedding and the LM head: replicated (the default), or with
   ``vocab="shard"`` PyTorch's stock ``RowwiseParallel`` / ``ColwiseParallel`` on DTensor
@@ -80,7 +80,7 @@ class HeadParallel(ParallelStyle):
     """Shard one :class:`~handformer.MultiHeadAttention` by whole heads (see the module).
 
     Args:
-        name: the module's name in the model (``"layers.3.self_attn"``), for ``read``.
+        name: the module's name in the model (``"blocks.3.attn"``), for ``read``.
         read: gives this rank's part of a parameter (see :func:`parallelize`).
         device: where the parts go.
     """
@@ -119,8 +119,9 @@ class HeadParallel(ParallelStyle):
                              ("hook_result", per_head)):
             if hasattr(attn, point):
                 getattr(attn, point).shard = shard
-        if attn.q_norm is not None:  # the QK-norms' scales are per head: (B, H, L, 1)
-            attn.q_norm.hook_scale.shard, attn.k_norm.hook_scale.shard = heads, kv
+        if attn.q_norm is not None:  # the QK-norms' points are per head: (B, H, L, 1 or D)
+            for norm, shard in ((attn.q_norm, heads), (attn.k_norm, kv)):
+                norm.hook_scale.shard = norm.hook_normalized.shard = shard
         attn.register_forward_hook(sum_output(group, heads))
         return attn
 
@@ -242,9 +243,9 @@ def parallelize(model: CausalLM, mesh: DeviceMesh, *, vocab: str = "replicate",
     error = None
     try:
         plan: dict[str, ParallelStyle] = {}
-        for i in range(len(model.layers)):
-            plan[f"layers.{i}.self_attn"] = HeadParallel(f"layers.{i}.self_attn", read, device)
-            plan[f"layers.{i}.ff"] = FeedForwardParallel(f"layers.{i}.ff", read, device)
+        for i in range(len(model.blocks)):
+            plan[f"blocks.{i}.attn"] = HeadParallel(f"blocks.{i}.attn", read, device)
+            plan[f"blocks.{i}.mlp"] = FeedForwardParallel(f"blocks.{i}.mlp", read, device)
         tied = model.config.tie_weights
         if vocab == "shard":
             ids = vocab_range(model.config.vocab_size, N, rank)

@@ -104,7 +104,7 @@ def feature_logit_effects(model: nn.Module, dictionary: Dictionary, feature: int
         raise ValueError(f"the dictionary writes d_out = {dictionary.d_out}, the model's "
                          f"residual stream has width {E}")
     direction = dictionary.W_dec[f].float()  # (E,)
-    if isinstance(getattr(model, "norm", None), nn.LayerNorm):
+    if isinstance(getattr(model, "ln_final", None), nn.LayerNorm):
         direction = direction - direction.mean()  # LayerNorm centres what it reads
     effects = torch.cat([tokens_to_residual_directions(model, torch.arange(i, min(i + chunk, V)))
                          .float() @ direction for i in range(0, V, chunk)])  # (V,)

@@ -319,7 +319,7 @@ class _Places:
                 if isinstance(child, HookPoint):
                     full = f"{path}.{attr}" if path else attr
                     self.paths[hook_name(model, full)] = (module, attr)
-            if path and hasattr(module, "hook_pre") and path.rsplit(".", 1)[-1] == "ff":
+            if path and hasattr(module, "hook_pre") and path.rsplit(".", 1)[-1] == "mlp":
                 self.mlps[hook_name(model, path + ".hook_in").rsplit(".", 1)[0]] = module
 
     def lookup(self, name: str) -> tuple[nn.Module, str, bool]:

@@ -59,6 +59,10 @@ class AttributionGraph:
         replacement_score, completeness_score: the paper's scores (:mod:`influence`).
         timings: seconds per stage of :func:`attribution_graph` (``replacement``,
             ``forward``, ``logit_rows``, ``feature_rows``, ``assemble``, ``scores``).
+        prompt_tokens: the prompt's token strings where known (a graph file's
+            ``metadata.prompt_tokens``), else None.
+        supernodes: groups of nodes ``[[name, node_id, ...], ...]`` (a graph file's
+            ``qParams.supernodes``; :func:`~handformer.features.save_graph_json` writes them).
     """
 
     input_ids: Tensor
@@ -76,6 +80,8 @@ class AttributionGraph:
     replacement_score: float = float("nan")
     completeness_score: float = float("nan")
     timings: dict[str, float] = field(default_factory=dict)
+    prompt_tokens: list[str] | None = None
+    supernodes: list[list[str]] = field(default_factory=list)
 
     @property
     def n_features(self) -> int:
@@ -150,11 +156,16 @@ def _check_targets(targets: Any, vocab: int) -> list[tuple[int, int]]:
     return out
 
 
-def _logit_values(logits: Tensor, tok: Tensor, minus: Tensor) -> Tensor:
-    """``logits[tok] − logits[minus]`` (``minus = -1``: nothing subtracted). ``(V,)`` ->
-    ``(n_logits,)``."""
-    other = logits[minus.clamp(min=0)] * (minus >= 0)
-    return logits[tok] - other
+def _target_logits(head: nn.Module, h: Tensor, tok: Tensor, minus: Tensor) -> Tensor:
+    """``logits[tok] − logits[minus]`` (``minus = -1``: nothing subtracted) from the LM head's
+    rows of those tokens only: ``h`` ``(E,)``, the final norm's output at the last position,
+    -> ``(n_logits,)``. The whole head's ``(V, E)`` product, and its gradient in every row of
+    a batched backward pass, would cost most of a graph's time on a large vocabulary."""
+    rows = torch.cat([tok, minus.clamp(min=0)])  # (2·n_logits,)
+    bias = None if head.bias is None else head.bias[rows]
+    values = nn.functional.linear(h, head.weight[rows], bias)  # (2·n_logits,)
+    n = tok.shape[0]
+    return values[:n] - values[n:] * (minus >= 0)
 
 
 def attribution_graph(model: nn.Module, transcoders: Any, ids: Tensor, *,
@@ -231,13 +242,13 @@ def attribution_graph(model: nn.Module, transcoders: Any, ids: Tensor, *,
     embed = rep.embed.clone().requires_grad_(True)
     acts = [None if a is None else a.clone().requires_grad_(True) for a in rep.acts]
     errors = rep.errors.clone().requires_grad_(True)
-    out = rep.run(embed, acts, errors)
+    out = rep.run(embed, acts, errors, logits=False)
     # Every target value, one flat vector: all feature pre-activations, then the logits.
     pre_all = [out.pre[i][0][tuple(a.T)] for i, a in enumerate(active)
                if out.pre[i] is not None]
-    lg = out.logits[0, -1]  # (V,)
+    lg = _target_logits(model.lm_head, out.final[0, -1], tok, minus)  # (n_logits,)
     y_dtype = pre_all[0].dtype if pre_all else dtype
-    y = torch.cat(pre_all + [_logit_values(lg, tok, minus).to(y_dtype)])  # (n_all + n_logits,)
+    y = torch.cat(pre_all + [lg.to(y_dtype)])  # (n_all + n_logits,)
     leaves = [embed, errors] + [a for a in acts if a is not None]
     lap("forward")
 
@@ -329,11 +340,11 @@ def attribution_graph(model: nn.Module, transcoders: Any, ids: Tensor, *,
     with torch.no_grad():
         zero = rep.run(torch.zeros_like(rep.embed),
                        [None if a is None else torch.zeros_like(a) for a in rep.acts],
-                       torch.zeros_like(rep.errors))
-        zl = zero.logits[0, -1]
+                       torch.zeros_like(rep.errors), logits=False)
+        zl = _target_logits(model.lm_head, zero.final[0, -1], tok, minus)  # (n_logits,)
         const_all = [zero.pre[i][0][tuple(a.T)] for i, a in enumerate(active)
                      if zero.pre[i] is not None]
-        const = torch.cat(const_all + [_logit_values(zl, tok, minus).to(y.dtype)])
+        const = torch.cat(const_all + [zl.to(y.dtype)])
     nan = torch.full((N,), float("nan"), dtype=y.dtype)
     pre_activations, biases = nan.clone(), nan.clone()
     idx = torch.tensor(order, dtype=torch.long)

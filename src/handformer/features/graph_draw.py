@@ -65,6 +65,8 @@ def draw_graph(graph: AttributionGraph, path: str | os.PathLike, *,
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
+    from matplotlib.collections import LineCollection  # noqa: PLC0415
+    from matplotlib.colors import to_rgba  # noqa: PLC0415
 
     path = Path(path)
     if path.suffix.lower() not in _FORMATS:
@@ -83,22 +85,24 @@ def draw_graph(graph: AttributionGraph, path: str | os.PathLike, *,
     targets, sources = edges.nonzero(as_tuple=True)
     weights = A[targets, sources]
     top = float(weights.abs().max()) if len(weights) else 1.0
+    segments, widths, colours = [], [], []
     for t, s, w in zip(targets.tolist(), sources.tolist(), weights.tolist(), strict=True):
         if t in xy and s in xy:
             strength = abs(w) / top
-            ax.plot([xy[s][0], xy[t][0]], [xy[s][1], xy[t][1]], lw=0.3 + 2.5 * strength,
-                    alpha=0.15 + 0.7 * strength, color="tab:blue" if w > 0 else "tab:red",
-                    zorder=1)
-    for i, (x, y) in xy.items():
-        if i < graph.n_features:
-            style = dict(marker="o", color="tab:orange")
-        elif i < graph.errors.stop:
-            style = dict(marker="s", color="0.6")
-        elif i < graph.tokens.stop:
-            style = dict(marker="^", color="tab:green")
-        else:
-            style = dict(marker="D", color="tab:purple")
-        ax.scatter([x], [y], s=28, zorder=2, **style)
+            segments.append([xy[s], xy[t]])
+            widths.append(0.3 + 2.5 * strength)
+            colours.append(to_rgba("tab:blue" if w > 0 else "tab:red", 0.15 + 0.7 * strength))
+    # one artist for all edges and one per node kind (an artist each costs ~1 ms to draw)
+    ax.add_collection(LineCollection(segments, linewidths=widths, colors=colours, zorder=1))
+    kinds = [(range(graph.n_features), "o", "tab:orange"),
+             (range(graph.errors.start, graph.errors.stop), "s", "0.6"),
+             (range(graph.tokens.start, graph.tokens.stop), "^", "tab:green"),
+             (range(graph.logits.start, graph.logits.stop), "D", "tab:purple")]
+    for members, marker, colour in kinds:
+        points = [xy[i] for i in members if i in xy]
+        if points:
+            ax.scatter([x for x, _ in points], [y for _, y in points], s=28, zorder=2,
+                       marker=marker, color=colour)
     for i in range(graph.logits.start, graph.logits.stop):
         if i in xy:
             ax.annotate(graph.node_labels[i], xy[i], fontsize=7, xytext=(4, 4),

@@ -15,6 +15,8 @@ Node ids: a feature ``"{layer}_{feature}_{pos}"``, an error ``"{layer}_-1_{pos}"
 ``"E_{token id}_{pos}"``, a logit ``"{n_layers + 1}_{token id}_{pos}"``. A logit difference is
 written as its first token's logit node (the clerp says which difference). Only the nodes and
 edges a :class:`~handformer.features.influence.Pruned` keeps are written, when one is given.
+``qParams.supernodes`` holds named groups ``[name, node_id, ...]`` (Neuronpedia's subgraph
+shows each as one node); their members are written as ``pinnedIds`` too.
 
 :func:`load_graph_json` reads such a file back into an :class:`AttributionGraph` (adjacency,
 features, logits; pre-activations and constants are not in the format: NaN).
@@ -35,7 +37,7 @@ from handformer.features.graph import AttributionGraph
 from handformer.features.influence import Pruned
 
 __all__ = ["graph_to_json", "save_graph_json", "load_graph_json", "GraphFileError",
-           "MAX_NODES"]
+           "MAX_NODES", "node_ids", "check_supernodes"]
 
 MAX_NODES = 16384  # a dense adjacency of this many nodes is 1 GiB in float32
 MAX_BYTES = 1 << 30  # a graph file larger than this is refused before it is read
@@ -45,13 +47,54 @@ class GraphFileError(ValueError):
     """A graph JSON file that cannot be read (names the file and the field)."""
 
 
-def _node_ids(graph: AttributionGraph) -> list[str]:
+def node_ids(graph: AttributionGraph) -> list[str]:
+    """Every node's id in the file's convention (see the module docs), in the graph's order.
+
+    Args:
+        graph: the graph.
+    """
     ids = [f"{layer}_{f}_{pos}" for layer, pos, f in graph.features.tolist()]
     ids += [f"{layer}_-1_{pos}" for layer in range(graph.n_layers)
             for pos in range(graph.n_positions)]
     ids += [f"E_{int(t)}_{pos}" for pos, t in enumerate(graph.input_ids)]
     ids += [f"{graph.n_layers + 1}_{int(t)}_{graph.logit_position}" for t in graph.logit_tokens]
     return ids
+
+
+def check_supernodes(supernodes: Any, known: set[str] | dict[str, Any]) -> list[list[str]]:
+    """Check ``[[name, node_id, ...], ...]``: a name and at least one member each, members
+    among ``known``, no node in two groups, no name twice.
+
+    Args:
+        supernodes: the groups (None: none).
+        known: the node ids that exist.
+
+    Returns:
+        The groups, as lists of strings.
+
+    Raises:
+        ValueError: naming the first bad group.
+    """
+    groups: list[list[str]] = []
+    seen: dict[str, str] = {}
+    for group in supernodes or []:
+        if not (isinstance(group, list) and len(group) >= 2
+                and all(isinstance(g, str) for g in group)):
+            raise ValueError(f"supernodes: each group is [name, node_id, ...], got "
+                             f"{str(group)[:80]}")
+        unknown = [g for g in group[1:] if g not in known]
+        if unknown:
+            raise ValueError(f"supernodes: {group[0]!r} names nodes not in the graph (or "
+                             f"pruned away): {unknown[:5]}")
+        if any(g[0] == group[0] for g in groups):
+            raise ValueError(f"supernodes: two groups are named {group[0]!r}")
+        twice = [g for g in group[1:] if g in seen or group[1:].count(g) > 1]
+        if twice:
+            raise ValueError(f"supernodes: {group[0]!r} and {seen.get(twice[0], group[0])!r} "
+                             f"both hold {twice[0]!r}; a node belongs to one group, once")
+        seen.update(dict.fromkeys(group[1:], group[0]))
+        groups.append(list(group))
+    return groups
 
 
 def graph_to_json(graph: AttributionGraph, *, slug: str = "handformer-graph",
@@ -63,23 +106,27 @@ def graph_to_json(graph: AttributionGraph, *, slug: str = "handformer-graph",
     Args:
         graph: the graph.
         slug: the graph's name in the page.
-        prompt_tokens: the prompt's token strings (default: the ids as strings).
+        prompt_tokens: the prompt's token strings (default: the graph's ``prompt_tokens``,
+            else the ids as strings).
         pruned: write only what it keeps (default: every node and non-zero edge).
         scan: the model / transcoder set's name (Neuronpedia's ``scan``).
         node_threshold: recorded in the metadata.
         supernodes: groups the page shows collapsed: ``[[name, node_id, ...], ...]`` (the
-            page's ``qParams.supernodes``); every node id must be among the nodes written.
+            page's ``qParams.supernodes``; their members are also written as its
+            ``pinnedIds``); every node id must be among the nodes written. Default: the
+            graph's ``supernodes``.
 
     Raises:
         ValueError: for prompt_tokens of the wrong length, a supernode naming a node that is
             not written.
     """
     L = graph.n_positions
-    tokens = prompt_tokens if prompt_tokens is not None else [str(int(t)) for t in
-                                                              graph.input_ids]
+    tokens = prompt_tokens if prompt_tokens is not None else graph.prompt_tokens
+    tokens = tokens if tokens is not None else [str(int(t)) for t in graph.input_ids]
     if len(tokens) != L:
         raise ValueError(f"prompt_tokens has {len(tokens)} entries, the graph {L} positions")
-    ids = _node_ids(graph)
+    supernodes = graph.supernodes if supernodes is None else supernodes
+    ids = node_ids(graph)
     N = len(ids)
     node_mask = pruned.node_mask if pruned is not None else torch.ones(N, dtype=torch.bool)
     edge_mask = pruned.edge_mask if pruned is not None else graph.adjacency != 0
@@ -115,23 +162,17 @@ def graph_to_json(graph: AttributionGraph, *, slug: str = "handformer-graph",
                         jsNodeId=f"L_{t}-{graph.logit_position}",
                         clerp=f"Output {what} (p={p:.3f})")
         nodes.append(node)
-    written = {node["node_id"] for node in nodes}
-    for group in supernodes or []:
-        if not (isinstance(group, list) and len(group) >= 2
-                and all(isinstance(g, str) for g in group)):
-            raise ValueError(f"supernodes: each group is [name, node_id, ...], got {group!r}")
-        unknown = [g for g in group[1:] if g not in written]
-        if unknown:
-            raise ValueError(f"supernodes: {group[0]!r} names nodes not in the graph (or "
-                             f"pruned away): {unknown}")
+    groups = check_supernodes(supernodes, {node["node_id"] for node in nodes})
     targets, sources = edge_mask.nonzero(as_tuple=True)
     links = [{"source": ids[s], "target": ids[t], "weight": float(graph.adjacency[t, s])}
              for t, s in zip(targets.tolist(), sources.tolist(), strict=True)]
     return {"metadata": {"slug": slug, "scan": scan, "transcoder_list": [],
                          "prompt_tokens": tokens, "prompt": "".join(tokens),
                          "node_threshold": node_threshold, "schema_version": 1},
-            "qParams": {"pinnedIds": [], "supernodes": supernodes or [], "linkType": "both",
-                        "clickedId": "", "sg_pos": ""},
+            "qParams": {"pinnedIds": list(dict.fromkeys(g for group in groups
+                                                        for g in group[1:])),
+                        "supernodes": groups, "linkType": "both", "clickedId": "",
+                        "sg_pos": ""},
             "nodes": nodes, "links": links}
 
 
@@ -175,11 +216,13 @@ def load_graph_json(path: str | os.PathLike) -> AttributionGraph:
 
     Returns:
         The graph: its nodes in handformer's order, the adjacency from the links; no
-        pre-activations or constants (NaN), scores recomputed.
+        pre-activations or constants (NaN), scores recomputed; ``prompt_tokens`` and
+        ``supernodes`` from the file's ``metadata`` and ``qParams``.
 
     Raises:
         GraphFileError: (a ``ValueError``) for a file that is not such a graph, more than
-            :data:`MAX_NODES` nodes, a link to an unknown node, naming the file and field.
+            :data:`MAX_NODES` nodes, a link to an unknown node, a supernode naming one,
+            naming the file and field.
     """
     where = str(path)
     try:
@@ -252,5 +295,15 @@ def load_graph_json(path: str | os.PathLike) -> AttributionGraph:
         torch.tensor([f[3] for f in feats]), torch.tensor([t for t, *_ in logits]),
         torch.full((len(logits),), -1), probs,
         logits[0][2] if logits else L - 1, A, nan, nan.clone(), order)
+    meta = data.get("metadata")
+    tokens = meta.get("prompt_tokens") if isinstance(meta, dict) else None
+    if isinstance(tokens, list) and len(tokens) == L and all(isinstance(t, str) for t in tokens):
+        graph.prompt_tokens = list(tokens)
+    q = data.get("qParams")
+    try:
+        graph.supernodes = check_supernodes(q.get("supernodes") if isinstance(q, dict) else None,
+                                            index)
+    except ValueError as e:
+        raise GraphFileError(f"{where}: qParams.{e}") from None
     graph.replacement_score, graph.completeness_score = graph.scores()
     return graph

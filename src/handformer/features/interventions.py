@@ -47,8 +47,8 @@ class Intervention:
 def _logits(model: nn.Module, ids: Tensor, spec: dict[str, Any], graph: AttributionGraph
             ) -> Tensor:
     """The graph's logit targets in a run of the real model with ``spec``'s hooks."""
-    final_name = ("ln_final.hook_normalized" if getattr(model, "norm", None) is not None
-                  else f"blocks.{len(model.layers) - 1}.hook_resid_post")
+    final_name = ("ln_final.hook_normalized" if getattr(model, "ln_final", None) is not None
+                  else f"blocks.{len(model.blocks) - 1}.hook_resid_post")
     final: list[Tensor] = []
     spec = dict(spec)
     spec[final_name] = lambda t, n: final.append(t)
@@ -74,12 +74,16 @@ def intervene(model: nn.Module, transcoders: Any, graph: AttributionGraph,
         An :class:`Intervention`.
 
     Raises:
-        ValueError: for a node that is not a feature node of the graph.
+        ValueError: for no nodes, or a node that is not a feature node of the graph.
     """
+    nodes = list(nodes)
+    if not nodes:
+        raise ValueError(f"nodes is empty: name at least one of the graph's {graph.n_features} "
+                         "feature nodes (the indices below graph.n_features)")
     for n in nodes:
         if not isinstance(n, int) or not 0 <= n < graph.n_features:
             raise ValueError(f"nodes: {n!r} is not a feature node (0..{graph.n_features - 1})")
-    tcs = per_layer(transcoders, len(model.layers))
+    tcs = per_layer(transcoders, len(model.blocks))
     ids = graph.input_ids
     by_layer: dict[int, list[tuple[int, int]]] = {}
     for n in nodes:

@@ -27,7 +27,9 @@ vocabulary.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -36,8 +38,8 @@ from torch import Tensor, nn
 from handformer.features.dictionary import Dictionary, Transcoder
 from handformer.features.stream import ActivationReader, Site, TokenWindows, windows_for
 
-__all__ = ["DictionaryMetrics", "evaluate_dictionary", "explained_variance", "l0",
-           "ce_loss_recovered", "DENSE_THRESHOLD"]
+__all__ = ["DictionaryMetrics", "evaluate_dictionary", "evaluate_dictionaries",
+           "explained_variance", "l0", "ce_loss_recovered", "DENSE_THRESHOLD"]
 
 DENSE_THRESHOLD = 0.1
 
@@ -102,15 +104,13 @@ class DictionaryMetrics:
 
 
 def _site_of(model: nn.Module, dictionary: Dictionary, at: str) -> Site:
+    block = re.match(r"^blocks\.(\d+)\.", at)
     if isinstance(dictionary, Transcoder):
-        import re
-
-        m = re.match(r"^blocks\.(\d+)\.hook_mlp_out$", at)
-        if not m:
+        if not re.match(r"^blocks\.(\d+)\.hook_mlp_out$", at):
             raise ValueError(f"a transcoder is evaluated at blocks.N.hook_mlp_out (the MLP "
                              f"output it predicts), got at={at!r}")
-        return Site(at, True, int(m.group(1)))
-    return Site(at, False, None)
+        return Site(at, True, int(block.group(1)))
+    return Site(at, False, int(block.group(1)) if block else None)
 
 
 def _replace(at: str, new: Tensor | None, fn: object = None) -> dict:
@@ -173,10 +173,43 @@ def evaluate_dictionary(model: nn.Module, dictionary: Dictionary, corpus: object
         ValueError: for a dictionary whose ``d_in`` is not the activation's size, a
             transcoder at another hook, too little data. KeyError: for an unknown hook.
     """
+    return evaluate_dictionaries(model, {at: dictionary}, corpus, tokens=tokens,
+                                 context=context, batch=batch, tokenizer=tokenizer, seed=seed,
+                                 dense_threshold=dense_threshold)[at]
+
+
+@torch.no_grad()
+def evaluate_dictionaries(model: nn.Module, dictionaries: dict[str, Dictionary],
+                          corpus: object, *, tokens: int = 20_000, context: int = 128,
+                          batch: int = 8, tokenizer: object = None, seed: int = 1,
+                          dense_threshold: float = DENSE_THRESHOLD
+                          ) -> dict[str, DictionaryMetrics]:
+    """:func:`evaluate_dictionary` for several dictionaries at once (every layer's
+    transcoders, say), on the same windows, sharing the forward passes.
+
+    Per batch of windows: one pass to the deepest site for the activations' means, one
+    clean forward pass for every site's activations, the clean logits and each site's block
+    input; then, per site, the three spliced runs (the dictionary's output, zero, the mean)
+    start at the site's block (:meth:`~handformer.CausalLM.run_from`) instead of the
+    embeddings: the blocks before it are what the clean pass computed. Each site's numbers
+    are those :func:`evaluate_dictionary` defines, alone.
+
+    Args:
+        model: a handformer causal LM.
+        dictionaries: ``{hook: dictionary}`` (see :func:`evaluate_dictionary`'s ``at``).
+        corpus, tokens, context, batch, tokenizer, seed, dense_threshold: as
+            :func:`evaluate_dictionary`'s.
+
+    Returns:
+        ``{hook: DictionaryMetrics}``, in the order given.
+
+    Raises:
+        ValueError / KeyError: as :func:`evaluate_dictionary`.
+    """
     from handformer.inspect.run import hooks
 
     model.eval()
-    site = _site_of(model, dictionary, at)
+    sites = {at: _site_of(model, d, at) for at, d in dictionaries.items()}
     if isinstance(corpus, Tensor) and corpus.dim() == 2:
         batches = [corpus[i:i + batch] for i in range(0, corpus.shape[0], batch)]
     else:
@@ -184,81 +217,123 @@ def evaluate_dictionary(model: nn.Module, dictionary: Dictionary, corpus: object
             model, corpus, tokenizer, context=context, seed=seed)
         per = batch * (windows.length - 1)
         batches = [windows.batch(i, batch) for i in range(-(-tokens // per))]
-    reader = ActivationReader(model, [site])
+    reader = ActivationReader(model, list(sites.values()))
     device = next(model.parameters()).device
 
-    # pass 1: the activation's mean over the evaluation tokens (the mean-ablation value)
-    total, count = None, 0
+    # pass 1: each activation's mean over the evaluation tokens (the mean-ablation value)
+    totals: dict[str, Tensor] = {}
+    count = 0
     for ids in batches:
-        _, y = reader.read(ids.to(device))[at]
-        total = y.double().sum(0) if total is None else total + y.double().sum(0)
-        count += y.shape[0]
-    mean = (total / count).float()
+        read = reader.read(ids.to(device))
+        for at, (_, y) in read.items():
+            totals[at] = y.double().sum(0) + totals.get(at, 0.0)
+        count += next(iter(read.values()))[1].shape[0]  # the same rows at every site
+    means = {at: (t / count).float() for at, t in totals.items()}
 
-    S = dictionary.d_sae
-    fired = torch.zeros(S, dtype=torch.float64)
-    sums = dict.fromkeys(("err", "y", "y2", "l0", "clean", "spliced", "zero", "mean", "kl"),
-                         0.0)
-    y_sum = torch.zeros_like(mean, dtype=torch.float64)
-    n_rows = n_pred = 0
+    acc = {at: _Sums(d.d_sae, means[at]) for at, d in dictionaries.items()}
+    starts = {at: _start_block(s) for at, s in sites.items()}
     for ids in batches:
         ids = ids.to(device)
-        acts, clean = reader.read_and_run(ids)  # clean: (B, L, V), the same forward
-        x, y = acts[at]
+        B, L = ids.shape
+        positions = torch.arange(L, device=device).expand(B, L)  # (B, L)
+        inputs: dict[int, Tensor] = {}  # block -> its input (B, L, E) in the clean pass
+        with hooks(model, {f"blocks.{i}.hook_resid_pre": partial(_keep_input, inputs)
+                           for i in set(starts.values()) if i < len(model.blocks)}):
+            acts, clean = reader.read_and_run(ids)  # clean: (B, L, V), the same forward
+        ce_clean = _ce(clean, ids)
+        for at, d in dictionaries.items():
+            a, site = acc[at], sites[at]
+            x, y = acts[at]
+            a.add_reconstruction(d, x, y)
+            rest = partial(_run_rest, model, ids, positions, inputs, starts[at])
+            spliced = _spliced_logits(model, d, site, rest)
+            a.sums["clean"] += float(ce_clean.sum())
+            a.sums["spliced"] += float(_ce(spliced, ids).sum())
+            a.sums["kl"] += _kl_sum(clean, spliced)
+            del spliced
+            a.sums["zero"] += float(_ce(rest(_replace(at, torch.zeros(()))), ids).sum())
+            a.sums["mean"] += float(_ce(rest(_replace(at, means[at])), ids).sum())
+            a.n_pred += ce_clean.numel()
+        del clean
+    return {at: acc[at].metrics(at, dense_threshold) for at in dictionaries}
+
+
+def _keep_input(store: dict[int, Tensor], t: Tensor, name: str) -> None:
+    """Hook: keep ``blocks.{i}.hook_resid_pre``'s value under ``i``."""
+    store[int(name.split(".")[1])] = t
+
+
+def _run_rest(model: nn.Module, ids: Tensor, positions: Tensor, inputs: dict[int, Tensor],
+              start: int, spec: dict) -> Tensor:
+    """The logits of ``ids`` with the hook spec ``spec``, from block ``start``'s kept input
+    (the whole forward pass when there is none)."""
+    from handformer.inspect.run import hooks
+
+    with hooks(model, spec):
+        if start == 0 or start not in inputs:
+            return model(ids).logits
+        return model.run_from(inputs[start], positions, start=start)
+
+
+def _start_block(site: Site) -> int:
+    """The block whose input the spliced runs start from: the site's own (0 for a site
+    outside the blocks, such as the embeddings: the whole forward pass)."""
+    return site.layer if site.layer is not None else 0
+
+
+class _Sums:
+    """One site's running sums (float64) over the evaluation batches."""
+
+    def __init__(self, d_sae: int, mean: Tensor) -> None:
+        self.fired = torch.zeros(d_sae, dtype=torch.float64)
+        self.sums = dict.fromkeys(("err", "y2", "l0", "clean", "spliced", "zero", "mean",
+                                   "kl"), 0.0)
+        self.y_sum = torch.zeros_like(mean, dtype=torch.float64)
+        self.n_rows = self.n_pred = 0
+
+    def add_reconstruction(self, dictionary: Dictionary, x: Tensor, y: Tensor) -> None:
         z = dictionary.encode(x).float()  # (N, S)
         y_hat = dictionary(x).float()  # (N, E)
-        sums["err"] += float((y - y_hat).double().pow(2).sum())
-        sums["y2"] += float(y.double().pow(2).sum())
-        y_sum += y.double().sum(0)
-        sums["l0"] += float((z != 0).double().sum())
-        fired += (z != 0).double().sum(0)
-        n_rows += y.shape[0]
+        self.sums["err"] += float((y - y_hat).double().pow(2).sum())
+        self.sums["y2"] += float(y.double().pow(2).sum())
+        self.y_sum += y.double().sum(0)
+        self.sums["l0"] += float((z != 0).double().sum())
+        self.fired += (z != 0).double().sum(0)
+        self.n_rows += y.shape[0]
 
-        spliced = _spliced_logits(model, dictionary, site, ids, hooks)
-        ce_clean = _ce(clean, ids)
-        sums["clean"] += float(ce_clean.sum())
-        sums["spliced"] += float(_ce(spliced, ids).sum())
-        sums["kl"] += _kl_sum(clean, spliced)
-        del clean, spliced
-        zero = _with(model, hooks, _replace(at, torch.zeros(())), ids)
-        sums["zero"] += float(_ce(zero, ids).sum())
-        del zero
-        sums["mean"] += float(_ce(_with(model, hooks, _replace(at, mean), ids), ids).sum())
-        n_pred += ce_clean.numel()
-    if n_rows < 2 or n_pred < 1:
-        raise ValueError(f"evaluation needs at least 2 tokens past the first of each window, "
-                         f"got {n_rows}")
-    # Σ‖y − ȳ‖² = Σ‖y‖² − N ‖ȳ‖²
-    total_var = sums["y2"] - float(y_sum.pow(2).sum()) / n_rows
-    density = (fired / n_rows).float()
-    ce = {key: sums[key] / n_pred for key in ("clean", "spliced", "zero", "mean")}
-    return DictionaryMetrics(
-        at=at, tokens=n_rows, explained_variance=1.0 - sums["err"] / total_var,
-        l0=sums["l0"] / n_rows, dead_fraction=float((fired == 0).double().mean()),
-        dense_fraction=float((density > dense_threshold).double().mean()),
-        ce_clean=ce["clean"], ce_spliced=ce["spliced"], ce_zero=ce["zero"], ce_mean=ce["mean"],
-        ce_loss_recovered=ce_loss_recovered(ce["clean"], ce["spliced"], ce["zero"]),
-        ce_loss_recovered_mean=ce_loss_recovered(ce["clean"], ce["spliced"], ce["mean"]),
-        kl=sums["kl"] / n_pred, dense_threshold=dense_threshold, density=density)
+    def metrics(self, at: str, dense_threshold: float) -> DictionaryMetrics:
+        s, n_rows, n_pred = self.sums, self.n_rows, self.n_pred
+        if n_rows < 2 or n_pred < 1:
+            raise ValueError(f"evaluation needs at least 2 tokens past the first of each "
+                             f"window, got {n_rows}")
+        # Σ‖y − ȳ‖² = Σ‖y‖² − N ‖ȳ‖²
+        total_var = s["y2"] - float(self.y_sum.pow(2).sum()) / n_rows
+        density = (self.fired / n_rows).float()
+        ce = {key: s[key] / n_pred for key in ("clean", "spliced", "zero", "mean")}
+        return DictionaryMetrics(
+            at=at, tokens=n_rows, explained_variance=1.0 - s["err"] / total_var,
+            l0=s["l0"] / n_rows, dead_fraction=float((self.fired == 0).double().mean()),
+            dense_fraction=float((density > dense_threshold).double().mean()),
+            ce_clean=ce["clean"], ce_spliced=ce["spliced"], ce_zero=ce["zero"],
+            ce_mean=ce["mean"],
+            ce_loss_recovered=ce_loss_recovered(ce["clean"], ce["spliced"], ce["zero"]),
+            ce_loss_recovered_mean=ce_loss_recovered(ce["clean"], ce["spliced"], ce["mean"]),
+            kl=s["kl"] / n_pred, dense_threshold=dense_threshold, density=density)
 
 
-def _with(model: nn.Module, hooks: object, spec: dict, ids: Tensor) -> Tensor:
-    with hooks(model, spec):
-        return model(ids).logits
-
-
-def _spliced_logits(model: nn.Module, dictionary: Dictionary, site: Site, ids: Tensor,
-                    hooks: object) -> Tensor:
-    """The logits with positions 1.. of ``site.at`` replaced by the dictionary's output."""
+def _spliced_logits(model: nn.Module, dictionary: Dictionary, site: Site, rest: object
+                    ) -> Tensor:
+    """The logits with positions 1.. of ``site.at`` replaced by the dictionary's output
+    (``rest(spec)`` runs the model with the hook spec ``spec``)."""
     if not site.transcoder:
-        return _with(model, hooks, _replace(site.at, None, lambda t: dictionary(t)), ids)
+        return rest(_replace(site.at, None, lambda t: dictionary(t)))
     seen: dict[str, Tensor] = {}
 
     def pre(module: nn.Module, args: tuple) -> None:
         seen["x"] = args[0]
 
-    handle = model.layers[site.layer].ff.register_forward_pre_hook(pre)
+    handle = model.blocks[site.layer].mlp.register_forward_pre_hook(pre)
     try:
-        return _with(model, hooks, _replace(site.at, None, lambda t: dictionary(seen["x"])), ids)
+        return rest(_replace(site.at, None, lambda t: dictionary(seen["x"])))
     finally:
         handle.remove()

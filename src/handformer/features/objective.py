@@ -146,9 +146,16 @@ class TrainingDictionary(nn.Module):
             it to :meth:`count_firing`), all detached but ``loss``.
         """
         x, y = x * self.scale_in, y * self.scale_out
-        pre = self.pre_acts(x)  # (N, S)
-        z = self.activate(pre)  # (N, S)
-        y_hat = self.decode(z)  # (N, F)
+        if self.kind == "topk":
+            pre, index, acts, y_hat = self._topk_forward(x)
+            fired = torch.zeros(pre.shape[-1], dtype=torch.bool)
+            fired[index[acts > 0]] = True  # (S,)
+            l0 = (acts > 0).float().sum(-1).mean()
+        else:
+            pre = self.pre_acts(x)  # (N, S)
+            z = self.activate(pre)  # (N, S)
+            y_hat = self.decode(z)  # (N, F)
+            fired, l0 = (z > 0).any(0), (z > 0).float().sum(-1).mean()
         err = y - y_hat
         mse = err.pow(2).sum(-1).mean() / self.variance
         loss = mse
@@ -157,18 +164,35 @@ class TrainingDictionary(nn.Module):
         if aux_coeff > 0 and self.kind == "topk" and bool(dead.any()):
             k = min(k_aux, int(dead.sum()))
             values, index = pre.masked_fill(~dead, float("-inf")).topk(k, dim=-1)  # (N, k)
-            z_aux = torch.zeros_like(pre).scatter(-1, index, F.relu(values))  # (N, S)
+            recons = F.embedding_bag(index, self.W_dec, per_sample_weights=F.relu(values),
+                                     mode="sum")  # (N, F): sum_j relu(values_j) W_dec[index_j]
             e = err.detach()
-            aux = (e - z_aux @ self.W_dec).pow(2).sum() / e.pow(2).sum().clamp_min(1e-12)
+            aux = (e - recons).pow(2).sum() / e.pow(2).sum().clamp_min(1e-12)
             loss = loss + aux_coeff * aux
         l1 = torch.zeros(())
         if self.kind == "relu":
             l1 = z.sum(-1).mean() / math.sqrt(x.shape[-1])
             loss = loss + l1_coeff * l1
         parts = {"mse": mse.detach(), "aux": aux.detach(), "l1": l1.detach(),
-                 "l0": (z > 0).float().sum(-1).mean(), "dead": dead.float().sum(),
-                 "fired": (z > 0).any(0)}
+                 "l0": l0.detach(), "dead": dead.float().sum(), "fired": fired}
         return loss, parts
+
+    def _topk_forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """TopK's encode and a decoder that sums only the ``k`` chosen rows of ``W_dec``.
+
+        ``embedding_bag`` adds ``acts[n, j] * W_dec[index[n, j]]`` over ``j``: ``N k F``
+        multiply-adds instead of the dense ``(N, S) @ (S, F)`` product and the two of its
+        backward pass (the same sum: every other latent's activation is zero).
+
+        Returns:
+            ``(pre, index, acts, y_hat)``: ``pre`` ``(N, S)``, the chosen ``index`` ``(N, k)``,
+            their activations ``acts`` ``(N, k)`` and ``y_hat`` ``(N, F)``.
+        """
+        pre = self.pre_acts(x)  # (N, S)
+        values, index = pre.topk(self.k, dim=-1)  # (N, k)
+        acts = F.relu(values)
+        y_hat = F.embedding_bag(index, self.W_dec, per_sample_weights=acts, mode="sum")
+        return pre, index, acts, y_hat + self.b_dec  # y_hat: (N, F)
 
     @torch.no_grad()
     def count_firing(self, fired: Tensor, rows: int) -> None:

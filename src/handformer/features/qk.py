@@ -82,7 +82,7 @@ def qk_attribution(model: nn.Module, transcoders: Any, ids: Tensor, *, layer: in
     L = rep.ids.shape[0]
     if not isinstance(layer, int) or not 0 <= layer < rep.n_layers:
         raise ValueError(f"layer must be in 0..{rep.n_layers - 1}, got {layer!r}")
-    attn = rep.layers[layer].self_attn
+    attn = rep.layers[layer].attn
     if not isinstance(head, int) or not 0 <= head < attn.num_heads:
         raise ValueError(f"head must be in 0..{attn.num_heads - 1}, got {head!r}")
     if not (isinstance(query_pos, int) and isinstance(key_pos, int)
@@ -182,10 +182,10 @@ class FactoredMatrix:
 
 
 def _head(model: nn.Module, layer: int, head: int) -> nn.Module:
-    layers = model.layers
+    layers = model.blocks
     if not isinstance(layer, int) or not 0 <= layer < len(layers):
         raise ValueError(f"layer must be in 0..{len(layers) - 1}, got {layer!r}")
-    attn = layers[layer].self_attn
+    attn = layers[layer].attn
     if not isinstance(head, int) or not 0 <= head < attn.num_heads:
         raise ValueError(f"head must be in 0..{attn.num_heads - 1}, got {head!r}")
     return attn

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from handformer.features.dictionary import Transcoder
 from handformer.inspect.run import hooks, run_with_cache
 
-__all__ = ["ReplacementModel", "ReplacementOutput", "per_layer"]
+__all__ = ["ReplacementModel", "ReplacementOutput", "per_layer", "check_transcoders"]
 
 
 def per_layer(transcoders: Any, n_layers: int) -> list[Transcoder | None]:
@@ -72,21 +72,45 @@ def per_layer(transcoders: Any, n_layers: int) -> list[Transcoder | None]:
     return out
 
 
+def check_transcoders(model: nn.Module, transcoders: Any) -> list[Transcoder | None]:
+    """:func:`per_layer`, and every transcoder reads and writes the model's width.
+
+    Args:
+        model: the causal LM (its ``blocks`` and ``lm_head``).
+        transcoders: a list (one per layer) or a ``{layer: transcoder}`` mapping.
+
+    Returns:
+        One transcoder (or None) per layer.
+
+    Raises:
+        ValueError: as :func:`per_layer`, or naming a transcoder of another width.
+    """
+    out = per_layer(transcoders, len(model.blocks))
+    width = model.lm_head.in_features
+    for i, tc in enumerate(out):
+        if tc is not None and (tc.d_in != width or tc.d_out != width):
+            raise ValueError(f"transcoders[{i}] has d_in = {tc.d_in}, d_out = {tc.d_out}; "
+                             f"the model's MLP input and output have width {width}")
+    return out
+
+
 @dataclass
 class ReplacementOutput:
     """What one run of the replacement computed (``B`` copies of the prompt).
 
     Attributes:
-        logits: ``(B, L, V)`` before any final soft-cap.
+        logits: ``(B, L, V)`` before any final soft-cap (None from ``run(logits=False)``).
+        final: ``(B, L, E)`` what the LM head reads (the final norm's output).
         pre: per layer ``(B, L, F)`` feature pre-activations (None without a transcoder).
         mlp_in: per layer ``(B, L, E)`` the MLP's input in this run.
         captured: hook name -> the value seen there (the names asked for in ``capture``).
     """
 
-    logits: Tensor
+    logits: Tensor | None
     pre: list[Tensor | None]
     mlp_in: list[Tensor]
     captured: dict[str, Tensor]
+    final: Tensor
 
 
 class ReplacementModel:
@@ -121,18 +145,14 @@ class ReplacementModel:
                              f"{tuple(ids.shape)}")
         self.model = model
         self.ids = ids[0]
-        self.layers = list(model.layers)
+        self.layers = list(model.blocks)
         self.n_layers = len(self.layers)
-        self.transcoders = per_layer(transcoders, self.n_layers)
-        width = model.lm_head.in_features
-        for i, tc in enumerate(self.transcoders):
-            if tc is not None and (tc.d_in != width or tc.d_out != width):
-                raise ValueError(f"transcoders[{i}] has d_in = {tc.d_in}, d_out = {tc.d_out}; "
-                                 f"the model's MLP input and output have width {width}")
-        self.final_name = ("ln_final.hook_normalized" if getattr(model, "norm", None) is not None
+        self.transcoders = check_transcoders(model, transcoders)
+        self.final_name = ("ln_final.hook_normalized"
+                           if getattr(model, "ln_final", None) is not None
                            else f"blocks.{self.n_layers - 1}.hook_resid_post")
         mlp_in: dict[int, Tensor] = {}
-        handles = [layer.ff.register_forward_pre_hook(
+        handles = [layer.mlp.register_forward_pre_hook(
             lambda module, args, i=i: mlp_in.__setitem__(i, args[0].detach()))
             for i, layer in enumerate(self.layers)]
         try:
@@ -169,8 +189,8 @@ class ReplacementModel:
         self.errors = torch.stack(errors)  # (n_layers, 1, L, E)
 
     def run(self, embed: Tensor | None = None, acts: Sequence[Tensor | None] | None = None,
-            errors: Tensor | None = None, *, capture: Sequence[str] = ()
-            ) -> ReplacementOutput:
+            errors: Tensor | None = None, *, capture: Sequence[str] = (),
+            logits: bool = True) -> ReplacementOutput:
         """Run the frozen replacement on given sources (default: the real ones).
 
         Every source may carry a batch of ``B`` copies (the same ``B`` for all), and may
@@ -182,6 +202,10 @@ class ReplacementModel:
                 has no transcoder).
             errors: ``(n_layers, B, L, E)`` error nodes.
             capture: hook names whose values to keep (``blocks.2.attn.hook_rot_q``).
+            logits: apply the LM head (``(B, L, V)``); False leaves ``logits`` None, for a
+                caller that reads a few logits from ``final`` (the full product, and its
+                gradient in a batched backward pass, cost most of a graph's time on a large
+                vocabulary).
 
         Returns:
             A :class:`ReplacementOutput`.
@@ -189,6 +213,9 @@ class ReplacementModel:
         embed = self.embed if embed is None else embed
         acts = self.acts if acts is None else acts
         errors = self.errors if errors is None else errors
+        # one view per layer (a single backward node: indexing errors[i] in each layer would
+        # give every layer's gradient the whole (n_layers, B, L, E) shape to fill and add)
+        per_layer_errors = errors.unbind(0)
         B = embed.shape[0]
         pre: list[Tensor | None] = [None] * self.n_layers
         mlp_in: list[Tensor | None] = [None] * self.n_layers
@@ -204,13 +231,13 @@ class ReplacementModel:
             def fn(t: Tensor, name: str) -> Tensor:
                 tc, x = self.transcoders[i], mlp_in[i]
                 if tc is None:
-                    return errors[i]
+                    return per_layer_errors[i]
                 s = self.scales[i]
                 if s is not None and s.dim() > 0:
                     s = s.expand(B, *s.shape[1:])  # (B, L, 1)
                 xt = x.to(tc.dtype)
                 pre[i] = tc.pre_activation(xt, s)  # (B, L, F)
-                return tc.reconstruct(xt, acts[i], s).to(t.dtype) + errors[i]
+                return tc.reconstruct(xt, acts[i], s).to(t.dtype) + per_layer_errors[i]
             return fn
 
         def keep_final(t: Tensor, name: str) -> None:
@@ -224,7 +251,7 @@ class ReplacementModel:
             spec[name] = lambda t, n: captured.__setitem__(n, t)
         for i in range(self.n_layers):
             spec[f"blocks.{i}.hook_mlp_out"] = mlp_out(i)
-        handles = [layer.ff.register_forward_pre_hook(
+        handles = [layer.mlp.register_forward_pre_hook(
             lambda module, args, i=i: mlp_in.__setitem__(i, args[0]))
             for i, layer in enumerate(self.layers)]
         try:
@@ -233,5 +260,5 @@ class ReplacementModel:
         finally:
             for handle in handles:
                 handle.remove()
-        logits = self.model.lm_head(final[0])  # (B, L, V) before any soft-cap
-        return ReplacementOutput(logits, pre, mlp_in, captured)  # type: ignore[arg-type]
+        out = self.model.lm_head(final[0]) if logits else None  # (B, L, V) before soft-cap
+        return ReplacementOutput(out, pre, mlp_in, captured, final[0])  # type: ignore[arg-type]

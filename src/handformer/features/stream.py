@@ -11,7 +11,7 @@ the tokenizer has one.
 every position but the first (the attention sink: its activation's norm is many times the
 others' and would dominate any reconstruction loss). It stops the forward pass after the last
 block it needs (no later layers, no unembedding). For a transcoder it reads the MLP's input
-(the normalised residual stream, what ``layers[i].ff`` receives) beside its output
+(the normalised residual stream, what ``blocks[i].mlp`` receives) beside its output
 (``blocks.{i}.hook_mlp_out``).
 
 Shape letters: ``B`` windows, ``L`` window length, ``N`` rows (``B * (L - 1)``), ``E`` model
@@ -147,7 +147,7 @@ def parse_sites(model: nn.Module, at: str | Sequence[str], *, transcoder: bool) 
     points = hook_points(model)
     names = [at] if isinstance(at, str) else list(at)
     if transcoder and names == ["all"]:
-        names = [mlp_output_hook(i) for i in range(len(model.layers))]
+        names = [mlp_output_hook(i) for i in range(len(model.blocks))]
     chosen = select_names(points, names, what="at")
     sites = []
     for name in chosen:
@@ -215,7 +215,7 @@ class ActivationReader:
             if s.transcoder:
                 def pre(module: nn.Module, args: tuple, s: Site = s) -> None:
                     inputs[s.at] = self._rows(args[0])
-                handles.append(self.model.layers[s.layer].ff.register_forward_pre_hook(pre))
+                handles.append(self.model.blocks[s.layer].mlp.register_forward_pre_hook(pre))
 
         def keep(t: Tensor, name: str) -> None:
             got[name] = self._rows(t)

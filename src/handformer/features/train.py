@@ -178,6 +178,8 @@ class TrainDictionaryResult:
         metrics: hook name -> :class:`~handformer.features.metrics.DictionaryMetrics`
             (when ``eval_tokens`` > 0).
         history: the logged records of this invocation.
+        train_s: seconds of this invocation's training loop (activations and steps).
+        eval_s: seconds of the evaluation after it (0 without one).
     """
 
     out: Path | None
@@ -190,6 +192,8 @@ class TrainDictionaryResult:
     train_tokens_per_s: float = 0.0
     metrics: dict = field(default_factory=dict)
     history: list[dict] = field(default_factory=list)
+    train_s: float = 0.0
+    eval_s: float = 0.0
 
 
 def export(dset: DictionarySet, sites: Sequence[Site]) -> dict[str, Dictionary]:
@@ -434,14 +438,12 @@ def _fit(sites: list[Site], source: object, config: SAETrainConfig, out: Path | 
                 group["lr"] = lr_at(step)
             optimizer.zero_grad(set_to_none=True)
             parts_all = {}
-            total = None
             for s, (at, td) in zip(sites, dset.items(), strict=True):
                 x, y = acts[s.at]
                 loss, parts = td.losses(x, y, dead_after=dead_after, k_aux=k_aux,
                                         aux_coeff=config.aux_coeff, l1_coeff=config.l1_coeff)
-                total = loss if total is None else total + loss
+                loss.backward()  # one site's graph at a time (their parameters are disjoint)
                 parts_all[at] = parts
-            total.backward()
             _average_gradients(params, info)
             for _, td in dset.items():
                 project_decoder_grad(td.W_dec)
@@ -483,16 +485,18 @@ def _fit(sites: list[Site], source: object, config: SAETrainConfig, out: Path | 
     result = TrainDictionaryResult(
         out, dictionaries, step, seen, step >= steps, interrupted,
         read_tokens_per_s=done_rows / t_read if t_read else 0.0,
-        train_tokens_per_s=done_rows / t_train if t_train else 0.0, history=history)
+        train_tokens_per_s=done_rows / t_train if t_train else 0.0, history=history,
+        train_s=time.perf_counter() - t0)
     if config.eval_tokens and not interrupted and model is not None:
-        from handformer.features.metrics import evaluate_dictionary
+        from handformer.features.metrics import evaluate_dictionaries
 
         windows, held_out = data
         ev_windows = held_out or TokenWindows(windows.ids, windows.length, bos=windows.bos,
                                               seed=config.seed + 1)
-        for at, d in dictionaries.items():
-            result.metrics[at] = evaluate_dictionary(model, d, ev_windows, at=at,
-                                                     tokens=config.eval_tokens)
+        t_eval = time.perf_counter()
+        result.metrics.update(evaluate_dictionaries(model, dictionaries, ev_windows,
+                                                    tokens=config.eval_tokens))
+        result.eval_s = time.perf_counter() - t_eval
     if out is not None and info.is_main:
         _write_outputs(out, result)
     return result

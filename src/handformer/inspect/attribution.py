@@ -25,7 +25,7 @@ Which methods add up, and which are lenses:
 * :func:`accumulated_resid` returns the residual stream *so far* at each depth; with
   ``apply_ln=True`` each entry is normalised with its own divisor (a logit lens): the entries
   are not parts of a sum and their attributions do not add up to anything.
-* With sandwich norms (Gemma: a norm after each sublayer, ``post_attn_norm``), a head's result
+* With sandwich norms (Gemma: a norm after each sublayer, ``ln1_post``), a head's result
   is taken through that norm with its divisor frozen at the cached value
   (``blocks.{l}.ln1_post.hook_scale``) times its weight, so the heads of a layer still add up
   to ``hook_attn_out``.
@@ -94,7 +94,7 @@ def _compute_dtype(t: Tensor) -> torch.dtype:
 def _model(cache: ActivationCache) -> nn.Module:
     """The cache's model, checked to be a causal LM with an additive residual stream."""
     model = cache.model
-    if model is None or not hasattr(model, "layers") or not hasattr(model, "lm_head"):
+    if model is None or not hasattr(model, "blocks") or not hasattr(model, "lm_head"):
         raise TypeError(f"direct logit attribution needs a cache of a causal language model "
                         f"(CausalLM: layers, final norm, lm_head), got "
                         f"{type(model).__name__}; use run_with_cache(model, ...)")
@@ -176,12 +176,12 @@ def _norm_and_scale(cache: ActivationCache, layer: int, mlp_input: bool
     model = _model(cache)
     N = cache.num_layers
     if layer == N:
-        return (getattr(model, "norm", None), "ln_final.hook_scale",
+        return (getattr(model, "ln_final", None), "ln_final.hook_scale",
                 f"blocks.{N - 1}.hook_resid_post")
-    block = model.layers[layer]
+    block = model.blocks[layer]
     if mlp_input:
-        return block.norm3, f"blocks.{layer}.ln2.hook_scale", f"blocks.{layer}.hook_resid_mid"
-    return block.norm1, f"blocks.{layer}.ln1.hook_scale", f"blocks.{layer}.hook_resid_pre"
+        return block.ln2, f"blocks.{layer}.ln2.hook_scale", f"blocks.{layer}.hook_resid_mid"
+    return block.ln1, f"blocks.{layer}.ln1.hook_scale", f"blocks.{layer}.hook_resid_pre"
 
 
 def _stack_value(stack: Any) -> tuple[Tensor, list[str] | None]:
@@ -359,8 +359,8 @@ def _head_results(cache: ActivationCache, layer: int, pos_slice: PosSlice) -> Te
     divisor frozen (cached ``ln1_post.hook_scale``, or recomputed from the heads' sum).
     """
     model = _model(cache)
-    block = model.layers[layer]
-    attn = block.self_attn
+    block = model.blocks[layer]
+    attn = block.attn
     name = f"blocks.{layer}.attn.hook_result"
     if name in cache:
         result = apply_pos_slice(cache[name], pos_slice, dim=-3)  # (B, L', H, E)
@@ -373,7 +373,7 @@ def _head_results(cache: ActivationCache, layer: int, pos_slice: PosSlice) -> Te
         w_o = attn.out_proj.weight.detach().to(z.device, dtype)  # (E, H*D)
         w_o = w_o.view(w_o.shape[0], H, D)  # (E, H, D)
         result = torch.einsum("...hd,ehd->...he", z.to(dtype), w_o)  # (B, L', H, E)
-    post = getattr(block, "post_attn_norm", None)
+    post = getattr(block, "ln1_post", None)
     if post is None:
         return result
     kind = _norm_kind(post)
@@ -468,7 +468,7 @@ def tokens_to_residual_directions(model: nn.Module, tokens: Any) -> Tensor:
     head = model.lm_head.weight.detach()  # (V, E)
     ids = _token_ids(tokens, head.shape[0], "tokens").to(head.device)
     rows = head[ids].to(_compute_dtype(head))  # (..., E)
-    weight = _norm_weight(getattr(model, "norm", None), rows)
+    weight = _norm_weight(getattr(model, "ln_final", None), rows)
     return rows if weight is None else rows * weight
 
 
@@ -477,7 +477,7 @@ def _bias_of(model: nn.Module, ids: Tensor) -> Tensor:
     head = model.lm_head
     dtype = _compute_dtype(head.weight)
     out = torch.zeros(ids.shape, dtype=dtype, device=head.weight.device)
-    norm_bias = getattr(getattr(model, "norm", None), "bias", None)
+    norm_bias = getattr(getattr(model, "ln_final", None), "bias", None)
     if norm_bias is not None:
         out = out + head.weight.detach()[ids].to(dtype) @ norm_bias.detach().to(dtype)
     if head.bias is not None:

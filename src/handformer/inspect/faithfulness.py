@@ -166,7 +166,7 @@ def faithfulness(model: torch.nn.Module, tokenizer: object, text: str, *, row: s
         ValueError: for an unknown row or ablation, a text with fewer than 2 tokens to
             correlate, or a text longer than ``flow_max_tokens``.
     """
-    if not hasattr(model, "encoder") or not hasattr(model.encoder, "layers"):
+    if not hasattr(model, "embeddings") or not hasattr(model, "blocks"):
         raise TypeError(f"faithfulness needs a BERT-family encoder (BertModel, e.g. "
                         f"load_bert()'s) and its tokenizer, got {type(model).__name__}; for a "
                         "causal language model, use attention_rollout or attention_flow on "

@@ -47,11 +47,11 @@ class LogitLens:
 def _unembed(model: nn.Module) -> tuple[nn.Module | None, nn.Module]:
     """The final norm (or None) and the unembedding of a causal LM."""
     head = getattr(model, "lm_head", None)
-    if not isinstance(head, nn.Module) or not hasattr(model, "layers"):
+    if not isinstance(head, nn.Module) or not hasattr(model, "blocks"):
         raise TypeError(f"logit_lens needs a causal language model (CausalLM, GPT-2) with a "
                         f"final norm and an lm_head, got {type(model).__name__}; for encoders "
                         f"use similarity_lens")
-    return getattr(model, "norm", None), head
+    return getattr(model, "ln_final", None), head
 
 
 def lens_logits(model: nn.Module, input_ids: Tensor, *, layers: Sequence[int] | None = None,
@@ -72,7 +72,7 @@ def lens_logits(model: nn.Module, input_ids: Tensor, *, layers: Sequence[int] | 
         ValueError: for a layer out of range (the message gives the valid range).
     """
     norm, head = _unembed(model)
-    resid = _residuals(model, input_ids, select_layers(layers, len(model.layers)),
+    resid = _residuals(model, input_ids, select_layers(layers, len(model.blocks)),
                        attention_mask)
     with torch.inference_mode():
         return head(resid if norm is None else norm(resid))  # (N', B, L, V)
@@ -110,7 +110,7 @@ def logit_lens(model: nn.Module, input_ids: Tensor, *, k: int = 5,
     V = head.out_features
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= V:
         raise ValueError(f"k must be an integer in 1..{V} (the vocabulary), got {k!r}")
-    chosen = select_layers(layers, len(model.layers))
+    chosen = select_layers(layers, len(model.blocks))
     resid = _residuals(model, input_ids, chosen, attention_mask)  # (N', B, L, E)
     ids, probs = [], []
     with torch.inference_mode():
@@ -155,7 +155,7 @@ def _pooled_layers(model: nn.Module, tokenizer: object, text: str) -> Tensor:
     batch = tokenizer([text], max_length=limit)
     device = next(model.parameters()).device
     batch = {name: v.to(device) for name, v in batch.items()}
-    N = len(model.encoder.layers)
+    N = len(model.blocks)
     names = ["blocks.0.hook_resid_pre"] + [f"blocks.{i}.hook_resid_post" for i in range(N)]
     was_training = model.training
     model.eval()
@@ -184,7 +184,7 @@ def similarity_lens(model: nn.Module, tokenizer: object, text: str,
         TypeError: for a model that is not a BERT-family encoder.
         ValueError, TypeError: for empty or non-string texts (the tokenizer's errors).
     """
-    if not hasattr(model, "encoder") or not hasattr(model.encoder, "layers"):
+    if not hasattr(model, "embeddings") or not hasattr(model, "blocks"):
         raise TypeError(f"similarity_lens needs a BERT-family encoder (BertModel), got "
                         f"{type(model).__name__}; for causal language models use logit_lens")
     mine = _pooled_layers(model, tokenizer, text).double().cpu()  # (N + 1, E)

@@ -1,30 +1,39 @@
 """Hook-point names: one TransformerLens-style scheme for every model.
 
-A model's hook points are the :class:`~handformer.hooks.HookPoint` modules inside it. Their
-module paths are renamed by a few rules so that every model shows the same names:
+A model's hook points are the :class:`~handformer.hooks.HookPoint` modules inside it, and a
+hook point's name is its module path: ``cache["blocks.3.attn.hook_pattern"]`` is what
+``model.blocks[3].attn.hook_pattern`` sees. There are no renaming rules; the names are the
+modules' own (TransformerLens' names, which handformer's modules carry). Module, its hook
+points, and the Hugging Face key it loads from (Llama; GPT-2 / BERT in brackets)::
 
-========================================  ==========================================
-module path                               hook name
-========================================  ==========================================
-``layers.{i}.`` (any stack)               ``blocks.{i}.``
-``….self_attn.hook_q``                    ``….attn.hook_q``
-``….ff.hook_pre``                         ``….mlp.hook_pre``
-``hook_final_norm`` (a stack's final norm) ``ln_final.hook_normalized``
-``norm.hook_scale`` (a stack's final norm) ``ln_final.hook_scale``
-``….norm1.`` (pre-attention norm)          ``….ln1.``
-``….norm3.`` (a decoder layer's pre-MLP)   ``….ln2.``
-``….norm2.`` (an encoder layer's pre-MLP)  ``….ln2.``
-``….norm2.`` (a decoder's cross-attention) ``….ln_cross.``
-``….post_attn_norm.`` / ``post_mlp_norm.`` ``….ln1_post.`` / ``….ln2_post.``
-BertModel ``embeddings.`` / ``encoder.``  (dropped: ``hook_embed``, ``blocks.0…``)
-========================================  ==========================================
+    blocks.{i}            hook_resid_pre, hook_attn_out,     model.layers.{i}
+                          hook_resid_mid, hook_mlp_in,       [transformer.h.{i},
+                          hook_mlp_out, hook_resid_post      encoder.layer.{i}]
+    blocks.{i}.ln1        ln1.hook_scale, ln1.hook_normalized  input_layernorm  [ln_1]
+    blocks.{i}.attn       attn.hook_q ... attn.hook_pattern,   self_attn
+                          attn.hook_z, attn.hook_result
+    blocks.{i}.ln2        ln2.hook_scale, ln2.hook_normalized  post_attention_layernorm
+                          (ln2's output: what the MLP reads)   [ln_2]; Gemma:
+                                                               pre_feedforward_layernorm
+    blocks.{i}.mlp        mlp.hook_pre, mlp.hook_post          mlp
+    blocks.{i}.ln1_post   ln1_post.hook_normalized             Gemma post_attention_layernorm
+    blocks.{i}.ln2_post   ln2_post.hook_normalized             Gemma post_feedforward_layernorm
+    blocks.{i}.ln_cross   ln_cross.hook_normalized; then       (encoder-decoder only)
+      and .cross_attn     cross_attn.hook_pattern ...
+    ln_final              ln_final.hook_scale,                 model.norm  [ln_f]
+                          ln_final.hook_normalized
+    (the model)           hook_embed, hook_pos_embed           embed_tokens  [wte, wpe]
+                          (BERT: hook_token_type_embed)
 
-A norm's ``hook_scale`` is its divisor ``(B, L, 1)`` (``sqrt(var + eps)`` for LayerNorm,
-``sqrt(mean(x^2) + eps)`` for RMSNorm), as TransformerLens' ``ln1.hook_scale``; the
-QK-norms keep their names (``blocks.0.attn.q_norm.hook_scale``).
+(:class:`~handformer.DecoderLayer`'s docstring has the block's table in full.) A norm's
+``hook_scale`` is its divisor ``(B, L, 1)`` (``sqrt(var + eps)`` for LayerNorm,
+``sqrt(mean(x^2) + eps)`` for RMSNorm), as TransformerLens' ``ln1.hook_scale``; its
+``hook_normalized`` its output. The QK-norms have both too (``blocks.0.attn.q_norm.
+hook_scale``).
 
-An encoder-decoder :class:`~handformer.Transformer` keeps its ``encoder.`` / ``decoder.``
-prefixes (``decoder.blocks.0.cross_attn.hook_pattern``).
+An encoder-decoder :class:`~handformer.Transformer` has its ``encoder.`` / ``decoder.``
+prefixes (``decoder.blocks.0.cross_attn.hook_pattern``). Module names from before (``layers``,
+``self_attn``, ``norm1``...): :mod:`handformer.legacy_names`.
 """
 
 from __future__ import annotations
@@ -36,54 +45,18 @@ from collections.abc import Callable, Iterable
 
 from torch import nn
 
-from handformer.decoder_layer import DecoderLayer
 from handformer.hooks import HookPoint
 from handformer.layers import MultiHeadAttention
-from handformer.pretrained.bert import BertModel
 
-__all__ = ["hook_points", "hook_names", "select_names", "attention_layers", "NameSpec"]
+__all__ = ["hook_points", "hook_names", "hook_name", "select_names", "attention_layers",
+           "NameSpec"]
 
 NameSpec = str | Iterable[str] | Callable[[str], bool] | None
 
-_RULES = (
-    (re.compile(r"(^|\.)layers\.(\d+)\."), r"\1blocks.\2."),
-    (re.compile(r"\.self_attn\."), ".attn."),
-    (re.compile(r"\.ff\."), ".mlp."),
-    (re.compile(r"(^|\.)hook_final_norm$"), r"\1ln_final.hook_normalized"),
-)
-_BERT_PREFIXES = ("embeddings.", "encoder.")
-_LAYER_NORMS = re.compile(r"(^|.*\.)(norm[123]|post_attn_norm|post_mlp_norm)\.")
-_FINAL_NORM = re.compile(r"^((?:encoder|decoder)\.)?norm\.")
-_LAYER_NORM_NAMES = {"norm1": "ln1", "norm3": "ln2", "post_attn_norm": "ln1_post",
-                     "post_mlp_norm": "ln2_post"}
-
-
-def _norm_name(model: nn.Module, path: str) -> str:
-    """Rename a norm's segment of ``path`` (``norm1`` -> ``ln1``, ...; see the table)."""
-    match = _LAYER_NORMS.match(path)
-    if match:
-        owner, segment = match.group(1), match.group(2)
-        if segment == "norm2":
-            layer = model.get_submodule(owner.rstrip(".")) if owner else model
-            new = "ln_cross" if isinstance(layer, DecoderLayer) else "ln2"
-        else:
-            new = _LAYER_NORM_NAMES[segment]
-        return f"{owner}{new}.{path[match.end():]}"
-    if not isinstance(model, BertModel):
-        return _FINAL_NORM.sub(r"\1ln_final.", path)
-    return path
-
 
 def hook_name(model: nn.Module, path: str) -> str:
-    """The hook name of the module at ``path`` inside ``model``."""
-    path = _norm_name(model, path)
-    if isinstance(model, BertModel):
-        for prefix in _BERT_PREFIXES:
-            if path.startswith(prefix):
-                path = path[len(prefix):]
-                break
-    for pattern, repl in _RULES:
-        path = pattern.sub(repl, path)
+    """The hook name of the module at ``path`` inside ``model``: ``path`` itself (kept for
+    callers of the renaming this replaced)."""
     return path
 
 
@@ -98,8 +71,7 @@ def hook_points(model: nn.Module) -> dict[str, HookPoint]:
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    points = {hook_name(model, path): m for path, m in model.named_modules()
-              if isinstance(m, HookPoint)}
+    points = {path: m for path, m in model.named_modules() if isinstance(m, HookPoint)}
     if not points:
         raise TypeError(f"{type(model).__name__} has no hook points; inspect works on "
                         "handformer modules (BertModel, CausalLM, Encoder, ...)")
@@ -173,7 +145,7 @@ def attention_layers(model: nn.Module, prefix: str = "") -> list[MultiHeadAttent
     pattern = re.compile(re.escape(prefix) + r"blocks\.(\d+)\.attn\.hook_z")
     for path, m in model.named_modules():
         if isinstance(m, MultiHeadAttention):
-            match = pattern.fullmatch(hook_name(model, path + ".hook_z"))
+            match = pattern.fullmatch(path + ".hook_z")
             if match:
                 found[int(match.group(1))] = m
     if not found:

@@ -158,27 +158,27 @@ def _encoder_layer_from_torch(m: nn.TransformerEncoderLayer) -> EncoderLayer:
         dropout=m.dropout.p, activation=activation_name(m.activation), norm_first=m.norm_first,
         layer_norm_eps=m.norm1.eps, bias=m.linear1.bias is not None,
     )
-    out.self_attn = mha_from_torch(m.self_attn)
-    copy_linear(out.ff.linear1, m.linear1.weight, m.linear1.bias)
-    copy_linear(out.ff.linear2, m.linear2.weight, m.linear2.bias)
-    copy_norm(out.norm1, m.norm1)
-    copy_norm(out.norm2, m.norm2)
+    out.attn = mha_from_torch(m.self_attn)  # torch's names on the right, ours on the left
+    copy_linear(out.mlp.linear1, m.linear1.weight, m.linear1.bias)
+    copy_linear(out.mlp.linear2, m.linear2.weight, m.linear2.bias)
+    copy_norm(out.ln1, m.norm1)
+    copy_norm(out.ln2, m.norm2)
     return out
 
 
 def _encoder_layer_to_torch(m: EncoderLayer) -> nn.TransformerEncoderLayer:
-    bias = m.ff.linear1.bias is not None
+    bias = m.mlp.linear1.bias is not None
     activation = {"relu": "relu", "gelu": "gelu", "gelu_tanh": nn.GELU(approximate="tanh")}
     out = nn.TransformerEncoderLayer(
-        m.d_model, m.self_attn.num_heads, m.ff.linear1.out_features,
-        dropout=m.dropout1.p, activation=activation[m.ff.activation_name],
-        layer_norm_eps=m.norm1.eps, batch_first=True, norm_first=m.norm_first, bias=bias,
+        m.d_model, m.attn.num_heads, m.mlp.linear1.out_features,
+        dropout=m.dropout1.p, activation=activation[m.mlp.activation_name],
+        layer_norm_eps=m.ln1.eps, batch_first=True, norm_first=m.norm_first, bias=bias,
     )
-    out.self_attn = mha_to_torch(m.self_attn)
-    copy_linear(out.linear1, m.ff.linear1.weight, m.ff.linear1.bias)
-    copy_linear(out.linear2, m.ff.linear2.weight, m.ff.linear2.bias)
-    copy_norm(out.norm1, m.norm1)
-    copy_norm(out.norm2, m.norm2)
+    out.self_attn = mha_to_torch(m.attn)  # torch's names on the left, ours on the right
+    copy_linear(out.linear1, m.mlp.linear1.weight, m.mlp.linear1.bias)
+    copy_linear(out.linear2, m.mlp.linear2.weight, m.mlp.linear2.bias)
+    copy_norm(out.norm1, m.ln1)
+    copy_norm(out.norm2, m.ln2)
     return out
 
 

@@ -31,6 +31,7 @@ from handformer.checks import check_non_negative_int, mkstemp_beside
 from handformer.decoder_layer import DecoderLayer
 from handformer.hooks import HookPoint
 from handformer.layers import Dropout
+from handformer.legacy_names import LegacyNames
 from handformer.masks import from_hf_attention_mask
 from handformer.models.causal_lm_config import CausalLMConfig
 from handformer.models.plain_step import PlainDecodeStep
@@ -62,7 +63,7 @@ class CausalLMOutput:
     cache: DecodingCache | None = None
 
 
-class CausalLM(CausalLMViews, nn.Module):
+class CausalLM(LegacyNames, CausalLMViews, nn.Module):
     """Decoder-only Transformer language model.
 
     TransformerLens' names read its weights, as read-only views (no copies):
@@ -70,12 +71,18 @@ class CausalLM(CausalLMViews, nn.Module):
     ``model.blocks[l].mlp.W_in`` / ``W_gate`` / ``W_out``, and ``model.cfg`` (see
     :mod:`handformer.weight_views`).
 
+    Submodules: ``tok_emb``, ``pos_emb`` (None with rotary positions), ``blocks`` (the
+    :class:`~handformer.DecoderLayer` s), ``ln_final`` (None for post-LN models),
+    ``lm_head``: each module's path is its hook name (``blocks.0.attn.hook_pattern``).
+
     Args:
         config: a :class:`CausalLMConfig`.
 
     Raises:
         TypeError: if ``config`` is not a :class:`CausalLMConfig`.
     """
+
+    LEGACY_NAMES = {"layers": "blocks", "norm": "ln_final"}  # handformer.legacy_names
 
     def __init__(self, config: CausalLMConfig) -> None:
         super().__init__()
@@ -99,7 +106,7 @@ class CausalLM(CausalLMViews, nn.Module):
                 local_rotary = RotaryEmbedding(c.head_dim, base=c.rotary_local_base,
                                                freq_dtype=freq_dtype)
         self.drop = Dropout(c.dropout)
-        self.layers = nn.ModuleList(
+        self.blocks = nn.ModuleList(
             DecoderLayer(c.d_model, c.num_heads, c.d_ff, dropout=c.dropout,
                          activation=c.activation, norm_first=c.norm_first,
                          layer_norm_eps=c.layer_norm_eps, bias=c.bias,
@@ -112,13 +119,12 @@ class CausalLM(CausalLMViews, nn.Module):
                          attn_scale=c.attn_scale)
             for i in range(c.num_layers)
         )
-        self.norm = (make_norm(c.norm, c.d_model, eps=c.layer_norm_eps, offset=c.norm_offset,
-                               bias=c.bias) if c.norm_first else None)
+        self.ln_final = (make_norm(c.norm, c.d_model, eps=c.layer_norm_eps,
+                                   offset=c.norm_offset, bias=c.bias)
+                         if c.norm_first else None)  # hook point ln_final.hook_normalized
         self.hook_embed = HookPoint()  # token embeddings (B, L, E), times embed_scale
         if c.positional in ("learned", "sinusoidal"):
             self.hook_pos_embed = HookPoint()  # position embeddings (B, L, E)
-        if self.norm is not None:  # hook point ln_final.hook_normalized
-            self.hook_final_norm = HookPoint()
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.apply(_init_weights)
         if c.tie_weights:
@@ -146,8 +152,8 @@ class CausalLM(CausalLMViews, nn.Module):
                                      or not 1 <= capacity <= self.config.max_len):
             raise ValueError(f"capacity must be an integer in [1, max_len={self.config.max_len}]"
                              f", got {capacity!r}")
-        return DecodingCache([cache_for(layer.self_attn.attention, capacity=capacity,
-                                        static=static) for layer in self.layers])
+        return DecodingCache([cache_for(layer.attn.attention, capacity=capacity,
+                                        static=static) for layer in self.blocks])
 
     def forward(self, input_ids: Tensor, *, attention_mask: Tensor | None = None,
                 cache: DecodingCache | None = None, need_weights: bool = False,
@@ -235,19 +241,50 @@ class CausalLM(CausalLMViews, nn.Module):
         else:
             with shared_tables():  # one rotary cos/sin table per forward pass, not per layer
                 x, attentions = self._layers(x, mask, positions, cache, need_weights)
-        if self.norm is not None:
-            x = self.hook_final_norm(self.norm(x))
+        if self.ln_final is not None:
+            x = self.ln_final(x)
         if logits_to_keep:
             x = x[:, -logits_to_keep:]  # (B, logits_to_keep, E)
         logits = soft_cap(self.lm_head(x), self.config.final_softcap)  # (B, L, V)
         return logits, (tuple(attentions) if need_weights else None)
+
+    def run_from(self, resid: Tensor, positions: Tensor, *, start: int) -> Tensor:
+        """The rest of a forward pass from block ``start``'s input: the logits ``(B, L, V)``.
+
+        TransformerLens' ``start_at_layer``: blocks ``start..`` run (their hooks with them),
+        then the final norm and the head. For patching and ablation at a late layer, the
+        layers before it need not run again: a dictionary's evaluation splices it in three
+        ways per batch (:func:`handformer.features.evaluate_dictionaries`).
+
+        Args:
+            resid: ``(B, L, E)``: what ``blocks.{start}.hook_resid_pre`` held (for ``start``
+                equal to the number of blocks, the last block's ``hook_resid_post``).
+            positions: ``(B, L)`` token positions (``arange(L)`` for unpadded windows).
+            start: the first block to run, ``0 <= start <= len(blocks)``.
+
+        Returns:
+            ``(B, L, V)`` logits (after the final soft-cap, as :meth:`forward`'s).
+
+        Raises:
+            ValueError: for ``start`` outside ``[0, len(blocks)]``.
+        """
+        n = len(self.blocks)
+        if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= n:
+            raise ValueError(f"start must be an int in [0, {n}] (the blocks), got {start!r}")
+        with shared_tables():
+            for layer in self.blocks[start:]:
+                resid, _, _ = layer.forward_with_weights(resid, causal=True, need_weights=False,
+                                                         positions=positions)
+        if self.ln_final is not None:
+            resid = self.ln_final(resid)
+        return soft_cap(self.lm_head(resid), self.config.final_softcap)  # (B, L, V)
 
     def _layers(self, x: Tensor, mask: Tensor | None, positions: Tensor,
                 cache: DecodingCache | None, need_weights: bool
                 ) -> tuple[Tensor, list[Tensor | None]]:
         """The decoder layers in turn: ``(B, L, E)`` -> ``(B, L, E)`` and their weights."""
         attentions = []
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.blocks):
             x, weights, _ = layer.forward_with_weights(
                 x, mask=mask, causal=True, need_weights=need_weights,
                 cache=None if cache is None else cache.layers[i], positions=positions,
@@ -322,9 +359,9 @@ class CausalLM(CausalLMViews, nn.Module):
         past = 0
         start = torch.zeros(B, dtype=torch.long, device=device)
         if cache is not None:
-            if not isinstance(cache, DecodingCache) or len(cache) != len(self.layers):
+            if not isinstance(cache, DecodingCache) or len(cache) != len(self.blocks):
                 raise ValueError(f"cache must be this model's new_cache() "
-                                 f"({len(self.layers)} layers), got {cache!r:.80}")
+                                 f"({len(self.blocks)} layers), got {cache!r:.80}")
             past = cache.seen
             if cache.next_positions is not None:
                 if cache.next_positions.shape[0] != B:

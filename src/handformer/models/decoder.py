@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from handformer.decoder_layer import DecoderLayer
-from handformer.hooks import HookPoint
 from handformer.layers import clones, stack_norm
+from handformer.legacy_names import LegacyNames
 
 __all__ = ["Decoder", "DecoderOutput"]
 
@@ -33,7 +33,7 @@ class DecoderOutput:
     cross_attentions: tuple[Tensor, ...] | None = None
 
 
-class Decoder(nn.Module):
+class Decoder(LegacyNames, nn.Module):
     """``num_layers`` decoder layers applied in turn (like ``torch.nn.TransformerDecoder``).
 
     Args:
@@ -41,20 +41,20 @@ class Decoder(nn.Module):
             factory that builds one.
         num_layers: number of layers (>= 1).
         final_norm: ``True`` adds a LayerNorm after the stack, or pass a norm module;
-            ``False`` for none.
+            ``False`` for none. It is ``ln_final``; the layers are ``blocks``.
 
     Raises:
         ValueError: for ``num_layers < 1``.
         TypeError: if ``layer`` is neither a module nor a factory.
     """
 
+    LEGACY_NAMES = {"layers": "blocks", "norm": "ln_final"}  # handformer.legacy_names
+
     def __init__(self, layer: DecoderLayer | Callable[[], DecoderLayer], num_layers: int, *,
                  final_norm: bool | nn.Module = False) -> None:
         super().__init__()
-        self.layers = clones(layer, num_layers)
-        self.norm = stack_norm(self.layers[0], final_norm)
-        if self.norm is not None:  # hook point ln_final.hook_normalized
-            self.hook_final_norm = HookPoint()
+        self.blocks = clones(layer, num_layers)
+        self.ln_final = stack_norm(self.blocks[0], final_norm)  # hook ln_final.hook_normalized
 
     def forward(self, x: Tensor, memory: Tensor | None = None, *, mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, causal: bool = True,
@@ -75,13 +75,13 @@ class Decoder(nn.Module):
             :class:`DecoderOutput`.
         """
         self_w, cross_w = [], []
-        for layer in self.layers:
+        for layer in self.blocks:
             x, sw, cw = layer.forward_with_weights(x, memory, mask=mask, memory_mask=memory_mask,
                                                    causal=causal, need_weights=need_weights)
             self_w.append(sw)
             cross_w.append(cw)
-        if self.norm is not None:
-            x = self.hook_final_norm(self.norm(x))
+        if self.ln_final is not None:
+            x = self.ln_final(x)
         if not need_weights:
             return DecoderOutput(x)
         return DecoderOutput(x, tuple(self_w),

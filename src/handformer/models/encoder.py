@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from handformer.hooks import HookPoint
 from handformer.layers import EncoderLayer, clones, stack_norm
+from handformer.legacy_names import LegacyNames
 
 __all__ = ["Encoder", "EncoderOutput"]
 
@@ -29,7 +29,7 @@ class EncoderOutput:
     attentions: tuple[Tensor, ...] | None = None
 
 
-class Encoder(nn.Module):
+class Encoder(LegacyNames, nn.Module):
     """``num_layers`` encoder layers applied in turn.
 
     Args:
@@ -37,20 +37,21 @@ class Encoder(nn.Module):
             ``torch.nn.TransformerEncoder``), or a zero-argument factory that builds one.
         num_layers: number of layers (>= 1).
         final_norm: ``True`` adds a LayerNorm after the stack (what pre-LN stacks need), or
-            pass a norm module; ``False`` for none.
+            pass a norm module; ``False`` for none. It is ``ln_final``; the layers are
+            ``blocks``.
 
     Raises:
         ValueError: for ``num_layers < 1``.
         TypeError: if ``layer`` is neither a module nor a factory.
     """
 
+    LEGACY_NAMES = {"layers": "blocks", "norm": "ln_final"}  # handformer.legacy_names
+
     def __init__(self, layer: EncoderLayer | Callable[[], EncoderLayer], num_layers: int, *,
                  final_norm: bool | nn.Module = False) -> None:
         super().__init__()
-        self.layers = clones(layer, num_layers)
-        self.norm = stack_norm(self.layers[0], final_norm)
-        if self.norm is not None:  # hook point ln_final.hook_normalized
-            self.hook_final_norm = HookPoint()
+        self.blocks = clones(layer, num_layers)
+        self.ln_final = stack_norm(self.blocks[0], final_norm)  # hook ln_final.hook_normalized
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, causal: bool = False,
                 need_weights: bool = False) -> EncoderOutput:
@@ -66,10 +67,10 @@ class Encoder(nn.Module):
             :class:`EncoderOutput`.
         """
         attentions = []
-        for layer in self.layers:
+        for layer in self.blocks:
             x, weights = layer.forward_with_weights(x, mask, causal=causal,
                                                     need_weights=need_weights)
             attentions.append(weights)
-        if self.norm is not None:
-            x = self.hook_final_norm(self.norm(x))
+        if self.ln_final is not None:
+            x = self.ln_final(x)
         return EncoderOutput(x, tuple(attentions) if need_weights else None)

@@ -11,7 +11,7 @@ that overhead, not the matrix products, is most of the step's time on a CPU. Thi
 computes the same numbers, reading each layer's parameters once per ``generate`` call, with
 nothing between the tensor operations. Per layer (pre-LN, as GPT-2)::
 
-    h = norm1(x)                            # (B, E); LayerNorm or RMSNorm
+    h = ln1(x)                              # (B, E); LayerNorm or RMSNorm
     q, k, v = linear(h, [W_q; W_k; W_v])    # viewed as (B, H, 1, D), (B, H_kv, 1, D) x 2:
                                             # one product where the weights are packed
     q, k = q_norm(q), k_norm(k)             # QK-norm only
@@ -19,8 +19,8 @@ nothing between the tensor operations. Per layer (pre-LN, as GPT-2)::
     K, V, mask = cache.push(k, v)           # (B, H_kv, L_k, D); full: written in place,
                                             # sliding: the rolling window plus the new key
     a = attend(q as (B, H_kv, G, D), K, V)  # grouped, no copy of K/V; soft-capped if asked
-    x = x + post_attn_norm(linear(a, W_o))  # sandwich norms only
-    x = x + post_mlp_norm(mlp(norm3(x)))    # plain: W_2 act(W_1 h); gated: W_d (act(g) * u)
+    x = x + ln1_post(linear(a, W_o))        # sandwich norms only
+    x = x + ln2_post(mlp(ln2(x)))           # plain: W_2 act(W_1 h); gated: W_d (act(g) * u)
                                             # with [g | u] = linear(h, [W_g; W_u])
 
 (post-LN layers put the norm after each residual sum instead); the embedding is scaled
@@ -89,8 +89,8 @@ class _Layer:
     """One decoder layer's parameters and cache, read once (None: no bias / no such norm)."""
 
     norm_first: bool
-    norm1: _Norm
-    norm3: _Norm
+    ln1: _Norm
+    ln2: _Norm
     post_attn: _Norm | None
     post_mlp: _Norm | None
     # x -> F.linear(x, W, b), by the kernel step_linear picks for W's dtype
@@ -126,29 +126,30 @@ def plain_step_refusal(model: nn.Module, cache: DecodingCache | None) -> str | N
     """
     if model.training:
         return "the model is in training mode"
-    if cache is None or len(cache) != len(model.layers):
+    if cache is None or len(cache) != len(model.blocks):
         return "no decoding cache of this model"
-    for i, (layer, layer_cache) in enumerate(zip(model.layers, cache.layers, strict=True)):
+    for i, (layer, layer_cache) in enumerate(zip(model.blocks, cache.layers, strict=True)):
         if type(layer) is not DecoderLayer or layer.cross_attn is not None:
             return f"layer {i} is not a DecoderLayer without cross-attention"
-        kind = type(layer.self_attn.attention)
+        kind = type(layer.attn.attention)
         if kind not in (FullAttention, LocalAttention):
             return f"layer {i} uses {kind.__name__}"
         wanted = KVCache if kind is FullAttention else WindowKVCache
         if type(layer_cache) is not wanted or not layer_cache.seen:
             return (f"layer {i}'s cache is a {type(layer_cache).__name__}, not a filled "
                     f"{wanted.__name__}")
-        rotary = layer.self_attn.rotary
+        rotary = layer.attn.rotary
         if rotary is not None and type(rotary) is not RotaryEmbedding:
             return f"layer {i} has a rotary module of type {type(rotary).__name__}"
-        norms = [layer.norm1, layer.norm3, layer.post_attn_norm, layer.post_mlp_norm,
-                 layer.self_attn.q_norm, layer.self_attn.k_norm]
+        norms = [layer.ln1, layer.ln2, layer.ln1_post, layer.ln2_post,
+                 layer.attn.q_norm, layer.attn.k_norm]
         if any(n is not None and type(n) not in (LayerNorm, RMSNorm, nn.LayerNorm)
                for n in norms):
             return f"layer {i} has a norm of another type"
-        if type(layer.ff) not in (FeedForward, GatedFeedForward):
-            return f"layer {i}'s MLP is a {type(layer.ff).__name__}"
-    if model.norm is not None and type(model.norm) not in (LayerNorm, RMSNorm, nn.LayerNorm):
+        if type(layer.mlp) not in (FeedForward, GatedFeedForward):
+            return f"layer {i}'s MLP is a {type(layer.mlp).__name__}"
+    final = model.ln_final
+    if final is not None and type(final) not in (LayerNorm, RMSNorm, nn.LayerNorm):
         return "the final norm is of another type"
     if (getattr(torch_module, "_global_forward_hooks", None)
             or getattr(torch_module, "_global_forward_pre_hooks", None)):
@@ -201,15 +202,15 @@ def _activation(ff: FeedForward | GatedFeedForward) -> Callable[[Tensor], Tensor
 
 def _layer(layer: DecoderLayer, layer_cache: KVCache | WindowKVCache,
            make: StepLinears) -> _Layer:
-    attn, ff = layer.self_attn, layer.ff
+    attn, ff = layer.attn, layer.mlp
     gated = isinstance(ff, GatedFeedForward)
     qkv = _packed(make, attn.q_proj, attn.k_proj, attn.v_proj)
     gate_up = _packed(make, ff.gate_proj, ff.up_proj) if gated else None
     q, k, v = (None, None, None) if qkv is not None else (
         _linear(make, attn.q_proj), _linear(make, attn.k_proj), _linear(make, attn.v_proj))
     return _Layer(
-        norm_first=layer.norm_first, norm1=_norm(layer.norm1), norm3=_norm(layer.norm3),
-        post_attn=_norm(layer.post_attn_norm), post_mlp=_norm(layer.post_mlp_norm),
+        norm_first=layer.norm_first, ln1=_norm(layer.ln1), ln2=_norm(layer.ln2),
+        post_attn=_norm(layer.ln1_post), post_mlp=_norm(layer.ln2_post),
         q=q, k=k, v=v, qkv=qkv,
         out=_linear(make, attn.out_proj), q_norm=_norm(attn.q_norm), k_norm=_norm(attn.k_norm),
         gated=gated,
@@ -253,7 +254,7 @@ class PlainDecodeStep:
     def __init__(self, model: nn.Module, cache: DecodingCache) -> None:
         config = model.config
         self.cache = cache
-        self.num_heads, self.num_kv_heads = config.num_heads, model.layers[0].self_attn.num_kv_heads
+        self.num_heads, self.num_kv_heads = config.num_heads, model.blocks[0].attn.num_kv_heads
         # ids -> (B, E): the (V, E) table's rows, or an int8 model's embedding (its rows
         # dequantized, or read from the file, as they are gathered)
         embedding = model.tok_emb
@@ -269,11 +270,11 @@ class PlainDecodeStep:
             self.pos_table = model.pos_emb.weight
         elif isinstance(model.pos_emb, SinusoidalPositionalEncoding):
             self.pos_table = model.pos_emb.pe.to(dtype)
-        self.final_norm = _norm(model.norm)
+        self.final_norm = _norm(model.ln_final)
         make = StepLinears(model)  # the bf16 kernel where it pays (see step_linear)
         self.lm_head = _linear(make, model.lm_head)  # (B, E) -> (B, V)
         self.layers = [_layer(layer, layer_cache, make)
-                       for layer, layer_cache in zip(model.layers, cache.layers, strict=True)]
+                       for layer, layer_cache in zip(model.blocks, cache.layers, strict=True)]
         # the distinct rotary tables (Gemma 3: one for local layers, one for global ones)
         self.rotaries = list({id(la.rotary): la.rotary for la in self.layers
                               if la.rotary is not None}.values())
@@ -299,7 +300,7 @@ class PlainDecodeStep:
             tables[id(rotary)] = rotary.tables(positions[:, None], compute, x.device)
         H = self.num_heads
         for layer in self.layers:
-            h = layer.norm1(x) if layer.norm_first else x
+            h = layer.ln1(x) if layer.norm_first else x
             qk, v = self._qk_v(layer, h)  # (B, H + H_kv, 1, D), (B, H_kv, 1, D)
             if layer.q_norm is not None:
                 qk = torch.cat([layer.q_norm(qk[:, :H]), layer.k_norm(qk[:, H:])], dim=1)
@@ -316,10 +317,10 @@ class PlainDecodeStep:
                 attn = layer.post_attn(attn)
             if layer.norm_first:
                 x = x + attn
-                x = x + self._mlp(layer, layer.norm3(x))
+                x = x + self._mlp(layer, layer.ln2(x))
             else:
-                x = layer.norm1(x + attn)
-                x = layer.norm3(x + self._mlp(layer, x))
+                x = layer.ln1(x + attn)
+                x = layer.ln2(x + self._mlp(layer, x))
         if self.final_norm is not None:
             x = self.final_norm(x)
         self.cache.seen += 1

@@ -41,9 +41,9 @@ slower at one row: torch's weight-only ``_weight_int8pack_mm`` (0.05 ms and 4.4 
 bfloat16 activations; 0.7 ms and 24 ms with float32 ones), its 4-bit
 ``_weight_int4pack_mm_for_cpu`` (0.06 ms and 2.0 ms, bfloat16), oneDNN's
 ``onednn.qlinear_pointwise`` (45 us and 1.9 ms), torchao 0.18's int8 paths (58-92 ms on the
-head, measured when this module was first written). ``torch.ao``'s quantized tensors are deprecated; if they go, this module is the one
-place to change (docs/llms.md, "Quantized inference", has the figures and what int8 changes
-for interpretability).
+head, measured when this module was first written). ``torch.ao``'s quantized tensors are
+deprecated; if they go, this module is the one place to change (docs/llms.md, "Quantized
+inference", has the figures and what int8 changes for interpretability).
 
 Reading ``Int8Linear.weight`` or ``Int8Embedding.weight`` returns the *dequantized* float32
 matrix (``s_r * q_r``), a new tensor each time: the weights the model actually multiplies by,

@@ -29,9 +29,9 @@ from handformer.attention.kinds import AttentionKind
 from handformer.attention.registry import resolve_attention
 from handformer.checks import check_dropout, check_positive_int
 from handformer.hooks import HookPoint
-from handformer.layers import EncoderLayer, check_attention
+from handformer.layers import EncoderLayer, check_attention, clones
+from handformer.legacy_names import LegacyNames
 from handformer.masks import from_hf_attention_mask
-from handformer.models.encoder import Encoder
 from handformer.pretrained.bert_keys import bert_key_map
 from handformer.pretrained.folders import (
     CONFIG_NAME,
@@ -155,10 +155,9 @@ def _embedding(num: int, dim: int, padding_idx: int | None = None) -> nn.Embeddi
 
 
 class BertEmbeddings(nn.Module):
-    """``LayerNorm(word + position + token_type)`` followed by dropout.
-
-    Hook points ``hook_embed``, ``hook_pos_embed``, ``hook_token_type_embed``: the three
-    embeddings before they are summed, each ``(B, L, E)``.
+    """The three embedding tables, their LayerNorm and dropout (Hugging Face's
+    ``embeddings.``): :meth:`BertModel.embed` computes ``LayerNorm(word + position +
+    token_type)`` followed by dropout, through the model's own hook points.
     """
 
     def __init__(self, config: BertConfig) -> None:
@@ -169,18 +168,6 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = _embedding(config.type_vocab_size, E)
         self.norm = nn.LayerNorm(E, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.hook_embed, self.hook_pos_embed = HookPoint(), HookPoint()
-        self.hook_token_type_embed = HookPoint()
-
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
-        """``(B, L)`` ids and types -> ``(B, L, E)``."""
-        B, L = input_ids.shape
-        positions = torch.arange(L, device=input_ids.device)  # (L,)
-        x = (self.hook_embed(self.word_embeddings(input_ids))
-             + self.hook_token_type_embed(self.token_type_embeddings(token_type_ids)))
-        pos = self.position_embeddings(positions).expand(B, L, -1)  # (B, L, E), no copy
-        x = x + self.hook_pos_embed(pos)
-        return self.dropout(self.norm(x))
 
 
 class BertPooler(nn.Module):
@@ -198,8 +185,13 @@ class BertPooler(nn.Module):
 AttentionSpec = AttentionKind | str | Callable[[], AttentionKind] | None
 
 
-class BertModel(nn.Module):
+class BertModel(LegacyNames, nn.Module):
     """A BERT encoder on handformer's :class:`EncoderLayer` (post-LN, GELU).
+
+    Submodules: ``embeddings`` (the tables), ``blocks`` (the :class:`EncoderLayer` s; each
+    path is its hook name, ``blocks.0.attn.hook_pattern``, as TransformerLens'
+    ``HookedEncoder``), ``pooler``. Hook points ``hook_embed``, ``hook_pos_embed``,
+    ``hook_token_type_embed``: the three embeddings before they are summed, ``(B, L, E)``.
 
     Args:
         config: the :class:`BertConfig`.
@@ -224,6 +216,8 @@ class BertModel(nn.Module):
         TypeError: if ``config`` is not a :class:`BertConfig` or ``attention`` is not a kind.
     """
 
+    LEGACY_NAMES = {"encoder.layers": "blocks"}  # state-dict keys (handformer.legacy_names)
+
     def __init__(self, config: BertConfig, *, add_pooling_layer: bool = True,
                  attention: AttentionSpec = None,
                  sentence_pooling: SentencePooling | None = None,
@@ -240,7 +234,9 @@ class BertModel(nn.Module):
         self.config = config
         self.sentence_pooling = sentence_pooling
         self.embeddings = BertEmbeddings(config)
-        self.encoder = Encoder(lambda: self._build_layer(attention), config.num_hidden_layers)
+        self.hook_embed, self.hook_pos_embed = HookPoint(), HookPoint()
+        self.hook_token_type_embed = HookPoint()
+        self.blocks = clones(lambda: self._build_layer(attention), config.num_hidden_layers)
         self.pooler = BertPooler(config) if add_pooling_layer else None
 
     def _build_layer(self, attention: AttentionSpec) -> EncoderLayer:
@@ -258,8 +254,8 @@ class BertModel(nn.Module):
                              dropout=c.hidden_dropout_prob,
                              activation=HF_ACTIVATIONS[c.hidden_act], norm_first=False,
                              layer_norm_eps=c.layer_norm_eps, attention=kind)
-        if layer.self_attn.attention.supports_dropout:
-            layer.self_attn.dropout = c.attention_probs_dropout_prob
+        if layer.attn.attention.supports_dropout:
+            layer.attn.dropout = c.attention_probs_dropout_prob
         return layer
 
     @property
@@ -300,11 +296,25 @@ class BertModel(nn.Module):
                                  f"input_ids {tuple(input_ids.shape)}; they must match")
             if not bool(attention_mask.all()):  # no padding: no mask, fastest kernel
                 mask = from_hf_attention_mask(attention_mask)  # (B, 1, 1, L)
-        x = self.embeddings(input_ids, token_type_ids)  # (B, L, E)
-        out = self.encoder(x, mask, need_weights=need_weights)
-        hidden = out.last_hidden_state
-        pooled = self.pooler(hidden) if self.pooler is not None else None
-        return BertOutput(hidden, pooled, out.attentions)
+        x = self.embed(input_ids, token_type_ids)  # (B, L, E)
+        attentions = []
+        for layer in self.blocks:
+            x, weights = layer.forward_with_weights(x, mask, need_weights=need_weights)
+            attentions.append(weights)
+        pooled = self.pooler(x) if self.pooler is not None else None
+        return BertOutput(x, pooled, tuple(attentions) if need_weights else None)
+
+    def embed(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
+        """``LayerNorm(word + position + token_type)``, then dropout: ``(B, L)`` ids and
+        types (checked by :meth:`forward`) -> ``(B, L, E)``."""
+        e = self.embeddings
+        B, L = input_ids.shape
+        positions = torch.arange(L, device=input_ids.device)  # (L,)
+        x = (self.hook_embed(e.word_embeddings(input_ids))
+             + self.hook_token_type_embed(e.token_type_embeddings(token_type_ids)))
+        pos = e.position_embeddings(positions).expand(B, L, -1)  # (B, L, E), no copy
+        x = x + self.hook_pos_embed(pos)
+        return e.dropout(e.norm(x))
 
     def _check_ids(self, name: str, ids: Tensor, limit: int, *, like: Tensor | None = None
                    ) -> None:

@@ -1,7 +1,7 @@
 """Hugging Face BERT checkpoint names <-> :class:`~handformer.pretrained.BertModel` names.
 
 Hugging Face's ``BertModel`` and handformer's differ only in names: the file's
-``encoder.layer.0.output.dense.bias`` is handformer's ``encoder.layers.0.ff.linear2.bias``.
+``encoder.layer.0.output.dense.bias`` is handformer's ``blocks.0.mlp.linear2.bias``.
 :class:`BertKeyMap` translates both ways: file -> model to load (with task heads and
 constant index buffers skipped), model -> file to report missing keys in the file's own names
 and to save checkpoints that ``transformers`` reads.
@@ -15,18 +15,18 @@ __all__ = ["BertKeyMap", "bert_key_map"]
 
 # Hugging Face layer sub-module -> handformer EncoderLayer sub-module.
 _LAYER_NAMES = {
-    "attention.self.query": "self_attn.q_proj",
-    "attention.self.key": "self_attn.k_proj",
-    "attention.self.value": "self_attn.v_proj",
-    "attention.output.dense": "self_attn.out_proj",
-    "attention.output.LayerNorm": "norm1",
-    "intermediate.dense": "ff.linear1",
-    "output.dense": "ff.linear2",
-    "output.LayerNorm": "norm2",
+    "attention.self.query": "attn.q_proj",
+    "attention.self.key": "attn.k_proj",
+    "attention.self.value": "attn.v_proj",
+    "attention.output.dense": "attn.out_proj",
+    "attention.output.LayerNorm": "ln1",
+    "intermediate.dense": "mlp.linear1",
+    "output.dense": "mlp.linear2",
+    "output.LayerNorm": "ln2",
 }
 _FILE_NAMES = {v: k for k, v in _LAYER_NAMES.items()}
 _LAYER_KEY = re.compile(r"encoder\.layer\.(\d+)\.(.+)\.(weight|bias|gamma|beta)")
-_MODEL_LAYER_KEY = re.compile(r"encoder\.layers\.(\d+)\.(.+)\.(weight|bias)")
+_MODEL_LAYER_KEY = re.compile(r"blocks\.(\d+)\.(.+)\.(weight|bias)")
 _TASK_HEADS = ("cls.", "classifier.", "qa_outputs.")
 _PREFIX = "bert."
 
@@ -65,12 +65,12 @@ class BertKeyMap:
         m = _LAYER_KEY.fullmatch(key)
         if m and m.group(2) in _LAYER_NAMES:
             i, part, leaf = m.groups()
-            return f"encoder.layers.{i}.{_LAYER_NAMES[part]}.{leaf}"
+            return f"blocks.{i}.{_LAYER_NAMES[part]}.{leaf}"
         return key
 
     def file_key(self, model_key: str) -> str:
         """The checkpoint key a :class:`BertModel` key is loaded from (with ``bert.`` when
-        prefixed), e.g. ``encoder.layers.0.ff.linear2.bias`` ->
+        prefixed), e.g. ``blocks.0.mlp.linear2.bias`` ->
         ``encoder.layer.0.output.dense.bias``."""
         key = model_key
         if key.startswith("embeddings.norm."):

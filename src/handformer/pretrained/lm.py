@@ -137,12 +137,12 @@ def swap_attention(model: CausalLM, attention: object) -> None:
     layer), keeping the weights. A model with an attention-logit soft-cap (Gemma 2) keeps it
     in softmax kinds given without one: the cap is part of the model, not of the kind."""
     cap = getattr(model.config, "attn_softcap", None)
-    for layer in model.layers:
+    for layer in model.blocks:
         kind = (copy.deepcopy(attention) if isinstance(attention, AttentionKind)
                 else check_attention(attention()))  # type: ignore[operator]
         if cap is not None and getattr(kind, "softcap", False) is None:
             kind.softcap = cap
-        layer.self_attn.attention = kind
+        layer.attn.attention = kind
 
 
 def build_causal_lm(hf_config: Mapping[str, object], state: Mapping[str, Tensor], *,

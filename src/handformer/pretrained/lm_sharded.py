@@ -30,6 +30,7 @@ from torch import Tensor
 
 from handformer.distributed import parallelize
 from handformer.distributed.shards import agree
+from handformer.legacy_names import legacy_key_map
 from handformer.models.causal_lm import CausalLM, read_config
 from handformer.pretrained import lm
 from handformer.pretrained.families import HANDFORMER_TYPE
@@ -103,8 +104,10 @@ def _open(path: Path, dtype: torch.dtype
     if data.get("model_type") == HANDFORMER_TYPE:
         with parameters_on_meta():
             model = CausalLM(read_config(folder / "config.json"))
-        where = {k: (k, None) for k in dict(model.named_parameters())}
-        missing = sorted(set(where) - set(state.header))
+        old = {new: old for old, new in legacy_key_map(model).items()}  # files before 0.x
+        where = {k: (k if k in state.header else old.get(k, k), None)
+                 for k in dict(model.named_parameters())}
+        missing = sorted({f for f, _ in where.values()} - set(state.header))
         if missing:
             raise CheckpointError(f"{state.files[0]}: missing {missing}")
         return model, _safetensors_reader(state, where, dtype), folder, data

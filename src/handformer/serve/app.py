@@ -4,7 +4,8 @@
 Routes::
 
     GET  /                 the page (viewer + controls)
-    GET  /static/NAME      serve.js (a fixed list; no path is read from a request)
+    GET  /static/NAME      serve.js, graph.js, graph.css (a fixed list; no path is read from a
+                           request)
     GET  /api/model        one model (``?model=NAME``, default the first): sizes, kinds
     GET  /api/models       the models served (``--model`` given several times), loaded or not
     GET  /api/heads        detector scores of every head (``?model=NAME``), once per model
@@ -19,6 +20,11 @@ Routes::
     POST /api/features/active     the most active features at each token
     POST /api/features/card       one feature's contexts, density and logit effects
     POST /api/features/intervene  one feature ablated or steered
+    GET  /api/graph        the attribution graphs served (``--graph``, ``--transcoders``;
+                           handlers in :mod:`handformer.serve.graph_routes`)
+    GET  /api/graph/view   one graph as the page's graph view draws it
+    POST /api/graph/compute       the graph of a prompt (one at a time, in a worker thread)
+    POST /api/graph/card          a transcoder feature's card
 
 Every POST body may name ``"model"``; a model is loaded when first named (a failed load is a
 503 naming the model and the cause; the server keeps serving the others).
@@ -109,7 +115,7 @@ class SecurityMiddleware:
 
 
 def create_app(state: ModelState | ModelRegistry, *, allowed_hosts: set[str] | None = None,
-               features: object = None) -> object:
+               features: object = None, graphs: object = None) -> object:
     """The Starlette app serving ``state``'s model (or a registry's models).
 
     The routes' handlers are functions of :mod:`handformer.serve.routes`; what they share is
@@ -122,6 +128,8 @@ def create_app(state: ModelState | ModelRegistry, *, allowed_hosts: set[str] | N
             None accepts any.
         features: the dictionaries of the Features view
             (:class:`~handformer.serve.features.FeatureSet`), or None.
+        graphs: the attribution graphs of the graph view
+            (:class:`~handformer.serve.graph.GraphSet`), or None.
 
     Returns:
         An ASGI application.
@@ -134,6 +142,7 @@ def create_app(state: ModelState | ModelRegistry, *, allowed_hosts: set[str] | N
     from starlette.applications import Starlette
 
     from handformer.serve.feature_routes import feature_routes
+    from handformer.serve.graph_routes import graph_routes
     from handformer.serve.routes import Served, exception_handlers, routes
 
     # Long texts are cut with a notice in the response; the tokenizer's warning is not needed.
@@ -142,6 +151,7 @@ def create_app(state: ModelState | ModelRegistry, *, allowed_hosts: set[str] | N
     page, csp = build_page(registry.first, example_text(registry.first))
     served = Served(registry, page, static_files(), slots=anyio.CapacityLimiter(COMPUTE_SLOTS),
                     template_slots=anyio.CapacityLimiter(TEMPLATE_SLOTS))
-    app = Starlette(routes=routes() + feature_routes(), exception_handlers=exception_handlers())
-    app.state.served, app.state.features = served, features
+    app = Starlette(routes=routes() + feature_routes() + graph_routes(),
+                    exception_handlers=exception_handlers())
+    app.state.served, app.state.features, app.state.graphs = served, features, graphs
     return SecurityMiddleware(app, csp=csp, allowed_hosts=allowed_hosts)

@@ -35,7 +35,8 @@ from torch import Tensor
 from handformer.features.dictionary import Dictionary, Transcoder
 
 __all__ = ["FeatureSet", "Record", "SAMPLES", "load_feature_set", "active_features",
-           "feature_card", "intervene", "KEEP", "MAX_SEEN"]
+           "feature_card", "records_card", "logit_rows", "sparse_top", "intervene", "KEEP",
+           "MAX_SEEN"]
 
 KEEP = 32  # features kept per token for the cards (the largest; TopK SAEs have k of them)
 MAX_SEEN = 32  # texts remembered per dictionary for the cards' contexts
@@ -242,8 +243,12 @@ def read_hook(model: torch.nn.Module, hook: str, ids: Tensor, *,
     return kept[0][0], logits[0]
 
 
-def _sparse(acts: Tensor) -> tuple[Tensor, Tensor]:
-    """The :data:`KEEP` largest activations at each token: ``(L, K)`` indices and values."""
+def sparse_top(acts: Tensor) -> tuple[Tensor, Tensor]:
+    """The :data:`KEEP` largest activations at each token: ``(L, K)`` indices and values.
+
+    Args:
+        acts: ``(L, F)`` feature activations.
+    """
     top = acts.float().topk(min(KEEP, acts.shape[-1]), dim=-1)
     values = top.values.clamp(min=0)
     return top.indices.to(torch.int32), values
@@ -260,7 +265,7 @@ def _sample_record(state: object, d: Dictionary, text: str) -> Record | None:
     x, _ = read_hook(state.model, d.hook_name,
                      torch.tensor([ids], device=state.device))  # (L, E)
     with torch.inference_mode():
-        indices, values = _sparse(d.encode(x))
+        indices, values = sparse_top(d.encode(x))
     return Record(ids, "sample", indices.cpu(), values.cpu())
 
 
@@ -286,7 +291,7 @@ def active_features(state: object, features: FeatureSet, name: str, ids: list[in
     x, logits = read_hook(state.model, d.hook_name, t)
     with torch.inference_mode():
         acts = d.encode(x).float()  # (L, F)
-    indices, values = _sparse(acts)
+    indices, values = sparse_top(acts)
     features.remember(name, Record(list(ids), "seen", indices.cpu(), values.cpu()))
     shown = acts.topk(min(top, acts.shape[-1]), dim=-1)  # (L, top)
     active = [[{"feature": int(f), "value": round(float(v), 4)}
@@ -316,13 +321,30 @@ def feature_card(state: object, features: FeatureSet, name: str, feature: int, *
         "tokens_seen", "texts_seen", "promoted", "suppressed"}`` (``promoted`` /
         ``suppressed`` None where the dictionary's width is not the residual stream's).
     """
-    from handformer.features.analysis import feature_logit_effects
+    d = features.dictionaries[name]
+    return records_card(state, features.records(name, state), feature,
+                        contexts=contexts) | logit_rows(state, d, feature, tokens=tokens)
+
+
+def records_card(state: object, records: Sequence[Record], feature: int, *,
+                 contexts: int = 8) -> dict[str, object]:
+    """The contexts part of a card, from sparse activation records: where ``feature`` fired
+    most (position 0 left out), and its density over the records' tokens.
+
+    Args:
+        state: the served model (its tokenizer).
+        records: the texts' sparse activations.
+        feature: the feature index.
+        contexts: contexts shown, largest first.
+
+    Returns:
+        ``{"contexts", "density", "tokens_seen", "texts_seen"}``.
+    """
     from handformer.tokenizers.labels import token_labels
 
-    d = features.dictionaries[name]
     found: list[tuple[float, Record, int]] = []
     fired = seen_tokens = seen_texts = 0
-    for record in features.records(name, state):
+    for record in records:
         hit = (record.indices[1:] == feature) & (record.values[1:] > 0)  # (L-1, K)
         where = hit.any(-1).nonzero().flatten()
         fired += len(where)
@@ -342,18 +364,35 @@ def feature_card(state: object, features: FeatureSet, name: str, feature: int, *
         shown.append({"before": tok.decode(record.ids[lo:pos]), "token": label,
                       "after": tok.decode(record.ids[pos + 1:pos + 1 + AROUND]),
                       "activation": round(value, 4), "source": record.source})
-    card: dict[str, object] = {
-        "contexts": shown, "density": fired / seen_tokens if seen_tokens else 0.0,
-        "tokens_seen": seen_tokens, "texts_seen": seen_texts,
-        "promoted": None, "suppressed": None}
+    return {"contexts": shown, "density": fired / seen_tokens if seen_tokens else 0.0,
+            "tokens_seen": seen_tokens, "texts_seen": seen_texts}
+
+
+def logit_rows(state: object, d: Dictionary, feature: int, *, tokens: int = 10
+               ) -> dict[str, object]:
+    """The tokens feature ``feature``'s decoder row promotes and suppresses
+    (:func:`~handformer.features.feature_logit_effects`).
+
+    Args:
+        state: the served model.
+        d: the dictionary (an SAE or a transcoder).
+        feature: the feature index.
+        tokens: tokens listed each way.
+
+    Returns:
+        ``{"promoted", "suppressed"}``: lists of ``{"token", "value"}``, or None where the
+        dictionary's width is not the residual stream's.
+    """
+    from handformer.features.analysis import feature_logit_effects
+
     lm_head = getattr(state.model, "lm_head", None)
-    if lm_head is not None and d.d_out == lm_head.weight.shape[1]:
-        effects = feature_logit_effects(state.model, d, feature, k=tokens, tokenizer=tok)
-        card["promoted"] = [{"token": t, "value": round(float(v), 4)} for t, v in
-                            zip(effects.top_tokens, effects.top_values, strict=True)]
-        card["suppressed"] = [{"token": t, "value": round(float(v), 4)} for t, v in
-                              zip(effects.bottom_tokens, effects.bottom_values, strict=True)]
-    return card
+    if lm_head is None or d.d_out != lm_head.weight.shape[1]:
+        return {"promoted": None, "suppressed": None}
+    effects = feature_logit_effects(state.model, d, feature, k=tokens, tokenizer=state.tokenizer)
+    return {"promoted": [{"token": t, "value": round(float(v), 4)} for t, v in
+                         zip(effects.top_tokens, effects.top_values, strict=True)],
+            "suppressed": [{"token": t, "value": round(float(v), 4)} for t, v in
+                           zip(effects.bottom_tokens, effects.bottom_values, strict=True)]}
 
 
 def ablation_hook(d: Dictionary, feature: int) -> object:

@@ -3,7 +3,9 @@ CSS and JavaScript as ``index.html``, not a copy) with the server's controls add
 
 The viewer page inlines its styles and script; the Content-Security-Policy allows exactly
 those inline blocks by their SHA-256 hashes, plus ``/static/`` files of this package, and
-nothing from any other origin. The controls' script, ``/static/serve.js``, is the files of
+nothing from any other origin. ``/static/graph.js`` and ``/static/graph.css`` are the
+attribution-graph view (:mod:`handformer.viz.graph_page`). The controls' script,
+``/static/serve.js``, is the files of
 :data:`SERVE_SCRIPTS` in ``static/`` joined in that order inside one function (as the viewer's
 script is; see ``static/serve.js``). The page is built once at start-up around an example run.
 """
@@ -23,12 +25,15 @@ __all__ = ["build_page", "STATIC_FILES", "SERVE_SCRIPTS", "static_files", "serve
 
 EXAMPLE = "The animal didn't cross the street because it was too tired"
 # The files served under /static/: name -> content type. Nothing else is ever read.
-STATIC_FILES = {"serve.js": "text/javascript; charset=utf-8"}
+STATIC_FILES = {"serve.js": "text/javascript; charset=utf-8",
+                "graph.js": "text/javascript; charset=utf-8",
+                "graph.css": "text/css; charset=utf-8"}
 # /static/serve.js, in this order: the state, requests and runs; the attribution and head grid;
-# generation and chat; the Features view; the model picker and the start-up (see
-# static/serve.js).
+# generation and chat; the Features view; the graph view's controls; the model picker and the
+# start-up (see static/serve.js). /static/graph.js and graph.css are the attribution-graph
+# view of handformer.viz.graph_page (the same files a saved graph page inlines).
 SERVE_SCRIPTS = ("serve.js", "serve_heads.js", "serve_generate.js", "serve_features.js",
-                 "serve_models.js")
+                 "serve_graph.js", "serve_models.js")
 
 _INLINE = re.compile(r"<(script|style)>(.*?)</\1>", re.DOTALL)
 
@@ -47,7 +52,9 @@ def serve_script() -> str:
 
 def static_files() -> dict[str, tuple[bytes, str]]:
     """The static files, built once: name -> (bytes, content type)."""
-    texts = {"serve.js": serve_script()}
+    from handformer.viz.graph_page import graph_css, graph_script
+
+    texts = {"serve.js": serve_script(), "graph.js": graph_script(), "graph.css": graph_css()}
     return {name: (texts[name].encode("utf-8"), kind) for name, kind in STATIC_FILES.items()}
 
 
@@ -92,7 +99,10 @@ def build_page(state: ModelState, example: str) -> tuple[str, str]:
         digest = base64.b64encode(hashlib.sha256(body.encode("utf-8")).digest()).decode()
         hashes[kind].append(f"'sha256-{digest}'")
     page = _insert(page, "</header>", "\n" + _asset("panel.html"), before=False)
-    page = _insert(page, "</body>", '<script src="/static/serve.js"></script>\n', before=True)
+    page = _insert(page, "</head>", '<link rel="stylesheet" href="/static/graph.css">\n',
+                   before=True)
+    page = _insert(page, "</body>", '<script src="/static/graph.js"></script>\n'
+                   '<script src="/static/serve.js"></script>\n', before=True)
     csp = "; ".join([
         "default-src 'none'",
         "script-src 'self' " + " ".join(hashes["script"]),

@@ -86,10 +86,9 @@ class AttentionChoice:
 
 
 def _layers(model: nn.Module) -> list[nn.Module]:
-    """The model's transformer layers (each with ``self_attn``)."""
-    if hasattr(model, "encoder"):  # BertModel
-        return list(model.encoder.layers)
-    return list(model.layers)  # CausalLM (GPT-2 folders and handformer train runs)
+    """The model's transformer layers (each with ``attn``): BertModel's and CausalLM's
+    ``blocks``."""
+    return list(model.blocks)
 
 
 def _is_causal_folder(folder: str | Path) -> bool:
@@ -191,9 +190,9 @@ class ModelState:
         shared = {id(t): t for t in (*self.model.parameters(), *self.model.buffers())}
         model = copy.deepcopy(self.model, memo=shared)
         for layer, kind in zip(_layers(model), kinds, strict=True):
-            layer.self_attn.attention = kind.to(self.device)
+            layer.attn.attention = kind.to(self.device)
             if not kind.supports_dropout:
-                layer.self_attn.dropout = 0.0
+                layer.attn.dropout = 0.0
         model.eval()
         with self._lock:
             self._variants[key] = model

@@ -330,10 +330,9 @@ class GGUFRules:
 
 # ---- the shared decoder: config and key map ----------------------------------------------
 
-LLAMA_NORMS = {"input_layernorm": "norm1", "post_attention_layernorm": "norm3"}
-SANDWICH_NORMS = {"input_layernorm": "norm1", "post_attention_layernorm": "post_attn_norm",
-                  "pre_feedforward_layernorm": "norm3",
-                  "post_feedforward_layernorm": "post_mlp_norm"}
+LLAMA_NORMS = {"input_layernorm": "ln1", "post_attention_layernorm": "ln2"}
+SANDWICH_NORMS = {"input_layernorm": "ln1", "post_attention_layernorm": "ln1_post",
+                  "pre_feedforward_layernorm": "ln2", "post_feedforward_layernorm": "ln2_post"}
 
 
 def heads(f: Fields) -> tuple[int, int, int]:
@@ -368,32 +367,32 @@ def decoder_key_map(config: object, norms: Mapping[str, str], *, body: str = "mo
     Args:
         config: the :class:`~handformer.CausalLMConfig` (its biases, QK-norm, sandwich norms
             and head tying decide which keys exist).
-        norms: the family's per-layer norm names -> handformer's (``norm1``, ``norm3``,
-            ``post_attn_norm``, ``post_mlp_norm``).
+        norms: the family's per-layer norm names -> handformer's (``ln1``, ``ln2``,
+            ``ln1_post``, ``ln2_post``).
         body: the canonical prefix of the body's keys.
     """
     c = config
-    keys = {f"{body}embed_tokens.weight": "tok_emb.weight", f"{body}norm.weight": "norm.weight"}
+    keys = {f"{body}embed_tokens.weight": "tok_emb.weight", f"{body}norm.weight": "ln_final.weight"}
     if not c.tie_weights:  # type: ignore[attr-defined]
         keys["lm_head.weight"] = "lm_head.weight"
     biases = {"q_proj": c.qkv_bias, "k_proj": c.qkv_bias,  # type: ignore[attr-defined]
               "v_proj": c.qkv_bias, "o_proj": c.out_bias}  # type: ignore[attr-defined]
     for i in range(c.num_layers):  # type: ignore[attr-defined]
-        hf, ours = f"{body}layers.{i}.", f"layers.{i}."
+        hf, ours = f"{body}layers.{i}.", f"blocks.{i}."
         for name, bias in biases.items():
             our_name = "out_proj" if name == "o_proj" else name
-            keys[f"{hf}self_attn.{name}.weight"] = f"{ours}self_attn.{our_name}.weight"
+            keys[f"{hf}self_attn.{name}.weight"] = f"{ours}attn.{our_name}.weight"
             if bias:
-                keys[f"{hf}self_attn.{name}.bias"] = f"{ours}self_attn.{our_name}.bias"
+                keys[f"{hf}self_attn.{name}.bias"] = f"{ours}attn.{our_name}.bias"
         if c.qk_norm:  # type: ignore[attr-defined]
             for name in ("q_norm", "k_norm"):
-                keys[f"{hf}self_attn.{name}.weight"] = f"{ours}self_attn.{name}.weight"
+                keys[f"{hf}self_attn.{name}.weight"] = f"{ours}attn.{name}.weight"
         for name, ours_norm in norms.items():
             keys[f"{hf}{name}.weight"] = f"{ours}{ours_norm}.weight"
         for name in ("gate_proj", "up_proj", "down_proj"):
-            keys[f"{hf}mlp.{name}.weight"] = f"{ours}ff.{name}.weight"
+            keys[f"{hf}mlp.{name}.weight"] = f"{ours}mlp.{name}.weight"
             if c.mlp_bias:  # type: ignore[attr-defined]
-                keys[f"{hf}mlp.{name}.bias"] = f"{ours}ff.{name}.bias"
+                keys[f"{hf}mlp.{name}.bias"] = f"{ours}mlp.{name}.bias"
     return keys
 
 

@@ -23,10 +23,10 @@ Gemma is Llama's decoder with these changes, each a :class:`~handformer.CausalLM
 Key map, per layer ``i`` (``model.`` is ``model.language_model.`` or
 ``language_model.model.`` in a ``gemma3`` file)::
 
-    model.layers.i.input_layernorm             layers.i.norm1
-    model.layers.i.post_attention_layernorm    layers.i.post_attn_norm
-    model.layers.i.pre_feedforward_layernorm   layers.i.norm3
-    model.layers.i.post_feedforward_layernorm  layers.i.post_mlp_norm
+    model.layers.i.input_layernorm             blocks.i.ln1
+    model.layers.i.post_attention_layernorm    blocks.i.ln1_post
+    model.layers.i.pre_feedforward_layernorm   blocks.i.ln2
+    model.layers.i.post_feedforward_layernorm  blocks.i.ln2_post
 
 the attention and MLP projections and the rest as in :mod:`.llama`; the head is tied.
 """

@@ -112,23 +112,23 @@ def key_map(config: object) -> dict[str, object]:
     E = c.d_model  # type: ignore[attr-defined]
     keys: dict[str, object] = {
         "transformer.wte.weight": "tok_emb.weight", "transformer.wpe.weight": "pos_emb.weight",
-        "transformer.ln_f.weight": "norm.weight", "transformer.ln_f.bias": "norm.bias"}
+        "transformer.ln_f.weight": "ln_final.weight", "transformer.ln_f.bias": "ln_final.bias"}
     if not c.tie_weights:  # type: ignore[attr-defined]
         keys["lm_head.weight"] = "lm_head.weight"
     for i in range(c.num_layers):  # type: ignore[attr-defined]
-        hf, ours = f"transformer.h.{i}.", f"layers.{i}."
+        hf, ours = f"transformer.h.{i}.", f"blocks.{i}."
         for kind in ("weight", "bias"):
             keys[f"{hf}attn.c_attn.{kind}"] = [
-                (f"{ours}self_attn.{name}_proj.{kind}", _third(k, E, weight=kind == "weight"))
+                (f"{ours}attn.{name}_proj.{kind}", _third(k, E, weight=kind == "weight"))
                 for k, name in enumerate("qkv")]
         keys.update({
-            f"{hf}attn.c_proj.weight": [(f"{ours}self_attn.out_proj.weight", _transposed)],
-            f"{hf}attn.c_proj.bias": f"{ours}self_attn.out_proj.bias",
-            f"{hf}ln_1.weight": f"{ours}norm1.weight", f"{hf}ln_1.bias": f"{ours}norm1.bias",
-            f"{hf}ln_2.weight": f"{ours}norm3.weight", f"{hf}ln_2.bias": f"{ours}norm3.bias",
-            f"{hf}mlp.c_fc.weight": [(f"{ours}ff.linear1.weight", _transposed)],
-            f"{hf}mlp.c_fc.bias": f"{ours}ff.linear1.bias",
-            f"{hf}mlp.c_proj.weight": [(f"{ours}ff.linear2.weight", _transposed)],
-            f"{hf}mlp.c_proj.bias": f"{ours}ff.linear2.bias",
+            f"{hf}attn.c_proj.weight": [(f"{ours}attn.out_proj.weight", _transposed)],
+            f"{hf}attn.c_proj.bias": f"{ours}attn.out_proj.bias",
+            f"{hf}ln_1.weight": f"{ours}ln1.weight", f"{hf}ln_1.bias": f"{ours}ln1.bias",
+            f"{hf}ln_2.weight": f"{ours}ln2.weight", f"{hf}ln_2.bias": f"{ours}ln2.bias",
+            f"{hf}mlp.c_fc.weight": [(f"{ours}mlp.linear1.weight", _transposed)],
+            f"{hf}mlp.c_fc.bias": f"{ours}mlp.linear1.bias",
+            f"{hf}mlp.c_proj.weight": [(f"{ours}mlp.linear2.weight", _transposed)],
+            f"{hf}mlp.c_proj.bias": f"{ours}mlp.linear2.bias",
         })
     return keys

@@ -10,13 +10,13 @@ without biases, with every layer a sliding window of ``sliding_window`` keys (nu
 
 Key map (Hugging Face -> handformer), per layer ``i``::
 
-    model.layers.i.input_layernorm           layers.i.norm1
-    model.layers.i.self_attn.{q,k,v}_proj    layers.i.self_attn.{q,k,v}_proj
-    model.layers.i.self_attn.o_proj          layers.i.self_attn.out_proj
-    model.layers.i.post_attention_layernorm  layers.i.norm3   (the norm before the MLP)
-    model.layers.i.mlp.{gate,up,down}_proj   layers.i.ff.{gate,up,down}_proj
+    model.layers.i.input_layernorm           blocks.i.ln1
+    model.layers.i.self_attn.{q,k,v}_proj    blocks.i.attn.{q,k,v}_proj
+    model.layers.i.self_attn.o_proj          blocks.i.attn.out_proj
+    model.layers.i.post_attention_layernorm  blocks.i.ln2   (the norm before the MLP)
+    model.layers.i.mlp.{gate,up,down}_proj   blocks.i.mlp.{gate,up,down}_proj
 
-and ``model.embed_tokens`` -> ``tok_emb``, ``model.norm`` -> ``norm``, ``lm_head`` ->
+and ``model.embed_tokens`` -> ``tok_emb``, ``model.norm`` -> ``ln_final``, ``lm_head`` ->
 ``lm_head`` (absent when tied).
 """
 

@@ -2,12 +2,13 @@
    served this page and hands the answers to the attention viewer (window.hfViewer.render).
    User text and model output are only ever set with textContent, never as HTML.
 
-   The script is five files of serve/static/, joined in this order inside one function by
+   The script is six files of serve/static/, joined in this order inside one function by
    serve/page.py and served as /static/serve.js (so they share their top-level names):
      serve.js            the state, requests to the API, running the model and ablating
      serve_heads.js      the logit attribution and the head grid (ablation, detector scores)
      serve_generate.js   generation (streamed) and chat mode
      serve_features.js   the Features view (handformer serve --dictionary)
+     serve_graph.js      the attribution graph (--graph, --transcoders), drawn by /static/graph.js
      serve_models.js     the model picker, the event handlers and the start-up */
 
 const $ = (id) => document.getElementById(id);

@@ -108,6 +108,7 @@ async function start() {
   });
   document.body.dataset.svReady = "1";
   fillModels();
+  loadGraphs();
   await loadFeatures();
   await run();
   loadScores();
