@@ -301,7 +301,7 @@ EXCEPTIONS = {"ValueError": ValueError, "TypeError": TypeError, "OSError": OSErr
               "CheckpointError": CheckpointError, "FileNotFoundError": FileNotFoundError,
               "UserWarning": UserWarning, "exit": CLIExit, "KeyError": KeyError,
               "HookError": inspect.HookError, "RuntimeError": RuntimeError,
-              "AttributeError": AttributeError}
+              "AttributeError": AttributeError, "IndexError": IndexError}
 
 
 def run_row(row: dict[str, str], ns: dict[str, object]) -> BaseException | Warning:

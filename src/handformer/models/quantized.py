@@ -17,20 +17,21 @@ one integer product recovers it to about 15 bits (one 8-bit row alone loses the 
 of an input with outlier channels, an LLM's MLP hidden vector: top-1 agreement with float32
 fell to 56 % on SmolLM2):
 
-1. each row is divided by its largest magnitude, ``a_m = max_k |x_mk|``, so that
-   ``x^_m`` lies in ``[-1, 1]`` (per-token scaling: one token's outliers do not coarsen the
-   grid of the others);
-2. ``c_m = q(x^_m)``, ``x^_m`` rounded to the 8-bit grid of ``[-1, 1]`` (step ``2 / 255``);
-3. ``r_m = 128 (x^_m - c_m)``, the rounding error, which lies in ``[-1/4, 1/4]``, scaled up
-   to that grid's range;
-4. one product of ``[c; g; r]`` (``g``: two rows ``-1`` and ``+1`` at column 0 that pin the
-   kernel's input range to exactly ``[-1, 1]``, so that ``c`` quantizes with no error) with
-   the int8 weight, and ``y_m = a_m (Y[c_m] + Y[r_m] / 128)``.
+1. each row is scaled by its largest magnitude, ``a_m = max_k |x_mk|``:
+   ``u_m = 127.5 x_m / a_m`` lies in ``[-127.5, 127.5]`` (per-token scaling: one token's
+   outliers do not coarsen the grid of the others);
+2. ``k_m = round(u_m)``, integers in ``[-127, 127]``;
+3. ``r_m = 128 (u_m - k_m)``, the rounding error, within ``[-64, 64]``;
+4. one product of ``[k; g; r]`` with the int8 weight (``g``: two rows ``-127.5`` and
+   ``+127.5`` at column 0, which pin the kernel's input range, so that it picks scale 1 and
+   zero point 128 and ``k`` quantizes with no error), and
+   ``y_m = a_m / 127.5 (Y[k_m] + Y[r_m] / 128)``.
 
 So the input error is at most ``a_m / (255 * 128)`` per entry (half a step of ``r``'s grid,
-divided by 128), and ``|y - x W~^T| <= a_m / 32640 * sum_k |W~_nk|`` for the dequantized
-weight ``W~`` (plus float32 rounding): tested. The weight is read once per call, as in a
-one-row product, where an earlier version of this module made two products per layer.
+divided by 128 and by 127.5 / a_m), and ``|y - x W~^T| <= a_m / 32640 * sum_k |W~_nk|`` for
+the dequantized weight ``W~`` (plus float32 rounding): tested. The weight is read once per
+call, as in a one-row product, where an earlier version of this module made two products
+per layer.
 
 **The kernel** is PyTorch's own ``torch.ops.quantized.linear_dynamic`` (FBGEMM, VNNI on x86):
 measured on this project's 2-core host, one thread, it multiplies SmolLM2's 1,536 x 576 MLP
@@ -40,9 +41,9 @@ slower at one row: torch's weight-only ``_weight_int8pack_mm`` (0.05 ms and 4.4 
 bfloat16 activations; 0.7 ms and 24 ms with float32 ones), its 4-bit
 ``_weight_int4pack_mm_for_cpu`` (0.06 ms and 2.0 ms, bfloat16), oneDNN's
 ``onednn.qlinear_pointwise`` (45 us and 1.9 ms), torchao 0.18's int8 paths (58-92 ms on the
-head). ``torch.ao``'s quantized tensors are deprecated; if they go, this module is the one
-place to change (docs/llms.md, "Quantized inference", has the figures and what int8 changes
-for interpretability).
+head, measured when this module was first written). ``torch.ao``'s quantized tensors are
+deprecated; if they go, this module is the one place to change (docs/llms.md, "Quantized
+inference", has the figures and what int8 changes for interpretability).
 
 Reading ``Int8Linear.weight`` or ``Int8Embedding.weight`` returns the *dequantized* float32
 matrix (``s_r * q_r``), a new tensor each time: the weights the model actually multiplies by,
@@ -143,43 +144,63 @@ def _pack(q: Tensor, scales: Tensor) -> tuple[tuple[object, ...], tuple[int, ...
 # ---- activations --------------------------------------------------------------------------
 
 
+# The input is written in units where the kernel's grid is the integers: u = x * 127.5 / a
+# lies in [-127.5, 127.5], and two guard rows of -127.5 and +127.5 make FBGEMM pick scale 1
+# and zero point 128, so that the integers k in [-127, 127] quantize with no error.
+_HALF = 127.5
+
+
 @functools.cache
-def _grid() -> tuple[float, int]:
-    """The scale and zero point FBGEMM picks for an input whose range is ``[-1, 1]``."""
-    scale, zero = torch._choose_qparams_per_tensor(torch.tensor([-1.0, 1.0]), _REDUCE_RANGE)
-    return float(scale), int(zero)
+def _integer_range() -> tuple[int, int]:
+    """The integers FBGEMM's grid holds for an input whose range is ``[-127.5, 127.5]``."""
+    scale, zero = torch._choose_qparams_per_tensor(torch.tensor([-_HALF, _HALF]),
+                                                   _REDUCE_RANGE)
+    if float(scale) != 1.0:  # a kernel that chose otherwise would break the scheme: say so
+        raise RuntimeError(f"FBGEMM's quantization parameters for [-127.5, 127.5] are "
+                           f"({scale}, {zero}), not scale 1: int8 inputs cannot be exact")
+    # and within [-127, 127], so that no row reaches past the guards (u = -127.5 would round
+    # to -128 and move the kernel's range)
+    return max(-int(zero), -127), min(255 - int(zero), 127)
 
 
 @functools.cache
 def _guard(k: int) -> Tensor:
-    """``(2, k)``: ``-1`` and ``+1`` at column 0, zeros elsewhere (pins the range)."""
+    """``(2, k)``: ``-127.5`` and ``+127.5`` at column 0, zeros elsewhere (pins the range)."""
     g = torch.zeros(2, k)
-    g[0, 0], g[1, 0] = -1.0, 1.0
+    g[0, 0], g[1, 0] = -_HALF, _HALF
     return g
 
 
 @functools.cache
 def _one_row_coefficients() -> Tensor:
-    """``(1, 4)``: ``y = a [1, 0, 0, 1/128] @ Y`` for one input row (``Y``: c, g, g, r)."""
-    return torch.tensor([[1.0, 0.0, 0.0, 1.0 / RESIDUAL_SCALE]])
+    """``(1, 4)``: ``y = a [1, 0, 0, 1/128] / 127.5 @ Y`` for one row (``Y``: k, g, g, r)."""
+    return torch.tensor([[1.0, 0.0, 0.0, 1.0 / RESIDUAL_SCALE]]) / _HALF
 
 
 def _prepare(x: Tensor) -> tuple[Tensor, Tensor]:
-    """``x: (M, K)`` float32 -> ``([c; g; r] (2M + 2, K), a (M, 1))`` (see the module doc)."""
-    scale, zero = _grid()
+    """``x: (M, K)`` float32 -> ``([k; g; r] (2M + 2, K), a (M, 1))`` (see the module doc)."""
+    low, high = _integer_range()
+    half, residual_scale = _constants()
     a = x.abs().amax(dim=-1, keepdim=True).clamp_min_(_TINY)  # (M, 1)
-    xn = x / a  # (M, K), within [-1, 1]
-    coarse = torch.fake_quantize_per_tensor_affine(xn, scale, zero, 0, 255)  # on the grid
-    residual = xn.sub_(coarse).mul_(RESIDUAL_SCALE)  # (M, K), within [-1/4, 1/4]
-    return torch.cat([coarse, _guard(x.shape[-1]), residual]), a
+    u = x / (a / half)  # (M, K), within [-127.5, 127.5]
+    k = torch.round(u).clamp_(low, high)  # integers
+    residual = u.sub_(k).mul_(residual_scale)  # (M, K), within [-64, 64]
+    return torch.cat([k, _guard(x.shape[-1]), residual]), a
+
+
+@functools.cache
+def _constants() -> tuple[Tensor, Tensor]:
+    """127.5 and 128 as 0-dim tensors (an in-place product with a Python number costs twice
+    one with a tensor: 2.6 against 1.0 us on a 576-wide row, measured)."""
+    return torch.tensor(_HALF), torch.tensor(RESIDUAL_SCALE)
 
 
 def _combine(y: Tensor, a: Tensor) -> Tensor:
-    """The products of ``[c; g; r]`` (``(2M + 2, N)``) -> ``(M, N)``."""
+    """The products of ``[k; g; r]`` (``(2M + 2, N)``) -> ``(M, N)``."""
     m = a.shape[0]
     if m == 1:
         return torch.mm(a * _one_row_coefficients(), y)  # (1, 4) @ (4, N)
-    return torch.add(y[:m], y[m + 2:], alpha=1.0 / RESIDUAL_SCALE).mul_(a)
+    return torch.add(y[:m], y[m + 2:], alpha=1.0 / RESIDUAL_SCALE).mul_(a / _HALF)
 
 
 def _products(stacked: Tensor, pieces: Iterable[object]) -> Tensor:
@@ -204,8 +225,8 @@ class Int8Group:
 
     def __init__(self, weights: list[QuantizedRows]) -> None:
         if len({w.shape[1] for w in weights}) != 1:
-            raise ValueError(f"an Int8Group's projections read one input size, got "
-                             f"{[w.shape for w in weights]}")
+            raise ValueError(f"Int8Group: weights must share one input size (they multiply "
+                             f"one input), got shapes {[w.shape for w in weights]}")
         self.sizes = [w.shape[0] for w in weights]
         self.in_features = weights[0].shape[1]
         self.starts = [sum(self.sizes[:i]) for i in range(len(weights))]
