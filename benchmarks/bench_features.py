@@ -5,9 +5,11 @@
    variance >= 0.7, dead latents <= 10 %, CE loss recovered >= 80 %.
 2. TopK SAE on Gemma 3 270M's layer-9 residual stream (``d_sae`` 5,120, k 32) on >= 1 M
    tokens of the ``mixed`` corpus (English and Chinese). Goals: <= 45 min, the same bars.
-3. Transcoders for every SmolLM2 layer (``d_sae`` 2,048, k 32), trained together in one
-   streaming pass on >= 300 k tokens, into ``~/.cache/handformer/transcoders/smollm2-135m``.
-   Goals: <= 60 min, each explaining >= 0.6 of its MLP output's variance.
+3. Transcoders for every SmolLM2 layer (``d_sae`` 2,048, k 32, a skip term), trained together
+   in one streaming pass on >= 300 k tokens, into ``~/.cache/handformer/transcoders/
+   smollm2-135m-instruct``. Goals: <= 60 min, each explaining >= 0.6 of its MLP output's
+   variance (reported over all positions but the first, and over the typical ones: without
+   the few rows of massive activations, see docs/features-training.md).
 4. Splicing: ``run_with_cache`` of SmolLM2 on 512 tokens with a 4,608-wide SAE attached at
    layer 15 (feature activations of every position in the cache) vs without. Goal: <= 1.2x.
 5. Loading a 16k-wide Gemma-Scope-2-shaped SAE (written here, float32, d_in 640): goal
@@ -39,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 SHIPPED_SMOLLM2, SHIPPED_GEMMA = "smollm2-135m-instruct", "gemma3-270m"
+TC_TOKENS = 600_000  # the transcoders' tokens (300 k is the issue's floor): ~40 min here
 GOALS = {"ev": 0.7, "dead": 0.10, "ce": 0.80, "tc_ev": 0.6, "splice": 1.2, "load_s": 1.0,
          "rss": 1.3}
 
@@ -47,12 +50,13 @@ def _plan(quick: bool) -> dict:
     if quick:
         return {"sae": dict(d_sae=256, k=32, tokens=3000, eval_tokens=1000, batch=4),
                 "gemma": dict(d_sae=256, k=32, tokens=3000, eval_tokens=500, batch=4),
-                "transcoders": dict(d_sae=128, k=16, tokens=2000, eval_tokens=250, batch=2),
+                "transcoders": dict(d_sae=128, k=16, tokens=2000, eval_tokens=250, batch=2,
+                                    skip=True),
                 "minutes": {"sae": 30, "gemma": 45, "transcoders": 60}, "repeats": 3}
     return {"sae": dict(d_sae=4608, k=32, tokens=1_000_000, eval_tokens=20_000, batch=8),
             "gemma": dict(d_sae=5120, k=32, tokens=1_000_000, eval_tokens=20_000, batch=8),
-            "transcoders": dict(d_sae=2048, k=32, tokens=300_000, eval_tokens=3_000,
-                                batch=8),
+            "transcoders": dict(d_sae=2048, k=32, tokens=TC_TOKENS, eval_tokens=6_000,
+                                batch=4, lr=2e-3, skip=True),
             "minutes": {"sae": 30, "gemma": 45, "transcoders": 60}, "repeats": 15}
 
 
@@ -67,7 +71,8 @@ def _train(source: str, corpus: str, at: str, options: dict, out: Path, *,
                               out=out, progress=sys.stderr.isatty(), context=128,
                               model_source=source, corpus_source=corpus, **options)
     wall = time.perf_counter() - start
-    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in options.items())
+    flags = " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
+                     for k, v in options.items())
     return {"command": (f"handformer train-sae --model {source} --corpus {corpus} --at {at}"
                         f"{' --transcoder' if transcoder else ''} {flags} --out {out}"),
             "wall_s": round(wall, 1), "train_s": round(result.train_s, 1),
@@ -101,10 +106,13 @@ def bench_transcoders(plan: dict, quick: bool) -> dict:
     r["measured"] = common.machine_line() + f" · load average {os.getloadavg()[0]:.1f}"
     evs = {a: m["explained_variance"] for a, m in r["metrics"].items()}
     r["min_explained_variance"] = min(evs.values())
+    r["min_explained_variance_typical"] = min(m["explained_variance_typical"]
+                                              for m in r["metrics"].values())
     r["goals"] = {"minutes": plan["minutes"]["transcoders"], "each_explained_variance":
                   GOALS["tc_ev"], "tokens": 300_000}
-    r["met"] = (r["train_s"] <= 60 * plan["minutes"]["transcoders"]
-                and r["min_explained_variance"] >= GOALS["tc_ev"] and r["tokens"] >= 300_000)
+    fast = r["train_s"] <= 60 * plan["minutes"]["transcoders"] and r["tokens"] >= 300_000
+    r["met"] = fast and r["min_explained_variance"] >= GOALS["tc_ev"]
+    r["met_typical"] = fast and r["min_explained_variance_typical"] >= GOALS["tc_ev"]
     return r
 
 
@@ -215,12 +223,17 @@ def _markdown(data: dict) -> str:
                   f"{_minutes(r['eval_s'])} min more); activations "
                   f"{r['activations_tokens_per_s']:,.0f} tok/s, training "
                   f"{r['training_tokens_per_s']:,.0f} tok/s; lowest explained variance "
-                  f"{r['min_explained_variance']:.3f}; goals met: "
-                  f"{'yes' if r['met'] else 'no'}", "",
-                  "| layer | EV | L0 | dead | CE recovered (zero) | KL |",
-                  "|---|---|---|---|---|---|"]
+                  f"{r['min_explained_variance']:.3f} over all positions but the first "
+                  f"(goal met: {'yes' if r['met'] else 'no'}), "
+                  f"{r.get('min_explained_variance_typical', float('nan')):.3f} over the "
+                  f"typical ones (goal met: {'yes' if r.get('met_typical') else 'no'})", "",
+                  "| layer | EV | EV typical (massive rows) | L0 | dead | CE recovered (zero) "
+                  "| KL |", "|---|---|---|---|---|---|---|"]
         for at, m in r["metrics"].items():
-            lines.append(f"| {at.split('.')[1]} | {m['explained_variance']:.3f} | "
+            typical = (f"{m['explained_variance_typical']:.3f} "
+                       f"({m['massive_fraction'] * m['tokens']:.0f})"
+                       if "explained_variance_typical" in m else "")
+            lines.append(f"| {at.split('.')[1]} | {m['explained_variance']:.3f} | {typical} | "
                          f"{m['l0']:.1f} | {m['dead_fraction']:.1%} | "
                          f"{m['ce_loss_recovered']:.1%} | {m['kl']:.4f} |")
         lines.append("")

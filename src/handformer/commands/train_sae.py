@@ -22,7 +22,7 @@ examples:
   handformer train-sae --model smollm2-135m-instruct --corpus en \\
       --at blocks.15.hook_resid_post --d-sae 4608 --k 32 --tokens 1000000 --out runs/sae15
   handformer train-sae --model smollm2-135m-instruct --corpus en --transcoder --at all \\
-      --d-sae 2048 --k 32 --tokens 300000 \\
+      --skip --d-sae 2048 --k 32 --tokens 300000 \\
       --out ~/.cache/handformer/transcoders/smollm2-135m-instruct
   handformer train-sae --resume runs/sae15 --tokens 2000000
 
@@ -41,6 +41,8 @@ _OPTIONS: list[tuple[str, str, type, str]] = [
     ("--context", "context", int, "tokens per window, BOS included (default 128)"),
     ("--batch", "batch", int, "windows per step (default 8)"),
     ("--lr", "lr", float, "Adam's learning rate (default 2e-4 / sqrt(d_sae / 16384))"),
+    ("--massive", "massive", float, "leave out of training the rows over this many times the "
+                                    "batch's median norm, 0 = none (default 10)"),
     ("--aux-coeff", "aux_coeff", float, "AuxK coefficient, 0 = off (default 1/32)"),
     ("--l1-coeff", "l1_coeff", float, "L1 coefficient, relu (default 1.0)"),
     ("--seed", "seed", int, "seed of the weights and the windows (default 0)"),
@@ -66,6 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "with --transcoder: blocks.N.hook_mlp_out or all")
     parser.add_argument("--transcoder", action="store_true",
                         help="train transcoders: each layer's MLP input -> its output")
+    parser.add_argument("--skip", action="store_true", default=None,
+                        help="with --transcoder: a linear skip term W_skip beside the latents")
     parser.add_argument("--out", metavar="DIR", help="the run folder (new or empty)")
     parser.add_argument("--resume", metavar="DIR", help="continue the run in DIR")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -74,8 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _options(args: argparse.Namespace) -> dict:
-    return {field: getattr(args, field) for _, field, _, _ in _OPTIONS
-            if getattr(args, field) is not None}
+    fields = [field for _, field, _, _ in _OPTIONS] + ["skip"]
+    return {field: getattr(args, field) for field in fields
+            if getattr(args, field, None) is not None}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,7 +6,11 @@ sums; it is left as the model computed it when the dictionary is spliced in. Wit
 activation (an SAE's input, a transcoder's MLP output), ``ŷ`` the dictionary's reconstruction
 (prediction), ``z`` its feature activations, over ``N`` evaluation tokens:
 
-* explained variance ``1 − Σ‖y − ŷ‖² / Σ‖y − ȳ‖²`` (``ȳ`` the mean over the tokens);
+* explained variance ``1 − Σ‖y − ŷ‖² / Σ‖y − ȳ‖²`` (``ȳ`` the mean over the tokens); beside
+  it the same over the *typical* tokens, those whose input and target norms are at most
+  ``MASSIVE`` (10) times their batch's median: a few delimiter tokens carry massive
+  activations (second attention sinks, ~100x the median norm; one row in ~1,000 in some
+  SmolLM2 layers), and one of them, squared, can outweigh the other rows of the sum;
 * L0: the mean number of active features per token, ``mean Σ_f [z_f > 0]``;
 * dead fraction: features never active on the evaluation tokens; dense fraction: features
   active on more than ``dense_threshold`` (10 %) of them;
@@ -36,12 +40,19 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handformer.features.dictionary import Dictionary, Transcoder
-from handformer.features.stream import ActivationReader, Site, TokenWindows, windows_for
+from handformer.features.stream import (
+    ActivationReader,
+    Site,
+    TokenWindows,
+    typical_mask,
+    windows_for,
+)
 
 __all__ = ["DictionaryMetrics", "evaluate_dictionary", "evaluate_dictionaries",
            "explained_variance", "l0", "ce_loss_recovered", "DENSE_THRESHOLD"]
 
 DENSE_THRESHOLD = 0.1
+MASSIVE = 10.0
 
 
 def explained_variance(y: Tensor, y_hat: Tensor) -> float:
@@ -70,6 +81,9 @@ class DictionaryMetrics:
         at: the hook.
         tokens: evaluation tokens (positions 1.. of every window).
         explained_variance, l0: as the module docstring defines them.
+        explained_variance_typical: over the rows without massive activations.
+        massive_fraction: the fraction of rows with massive activations (left out of
+            ``explained_variance_typical``).
         dead_fraction, dense_fraction: features never active; active on more than
             ``dense_threshold`` of the tokens.
         dense_threshold: the fraction of tokens above which a feature counts as dense.
@@ -93,6 +107,8 @@ class DictionaryMetrics:
     ce_loss_recovered: float
     ce_loss_recovered_mean: float
     kl: float
+    explained_variance_typical: float = math.nan
+    massive_fraction: float = 0.0
     dense_threshold: float = DENSE_THRESHOLD
     density: Tensor = field(default_factory=lambda: torch.zeros(0), repr=False)
 
@@ -287,16 +303,23 @@ class _Sums:
     def __init__(self, d_sae: int, mean: Tensor) -> None:
         self.fired = torch.zeros(d_sae, dtype=torch.float64)
         self.sums = dict.fromkeys(("err", "y2", "l0", "clean", "spliced", "zero", "mean",
-                                   "kl"), 0.0)
+                                   "kl", "err_t", "y2_t"), 0.0)
         self.y_sum = torch.zeros_like(mean, dtype=torch.float64)
-        self.n_rows = self.n_pred = 0
+        self.y_sum_t = torch.zeros_like(mean, dtype=torch.float64)
+        self.n_rows = self.n_pred = self.n_typical = 0
 
     def add_reconstruction(self, dictionary: Dictionary, x: Tensor, y: Tensor) -> None:
         z = dictionary.encode(x).float()  # (N, S)
         y_hat = dictionary(x).float()  # (N, E)
-        self.sums["err"] += float((y - y_hat).double().pow(2).sum())
+        err2 = (y - y_hat).double().pow(2).sum(-1)  # (N,)
+        self.sums["err"] += float(err2.sum())
         self.sums["y2"] += float(y.double().pow(2).sum())
         self.y_sum += y.double().sum(0)
+        keep = typical_mask(x, y, MASSIVE)  # (N,)
+        self.sums["err_t"] += float(err2[keep].sum())
+        self.sums["y2_t"] += float(y[keep].double().pow(2).sum())
+        self.y_sum_t += y[keep].double().sum(0)
+        self.n_typical += int(keep.sum())
         self.sums["l0"] += float((z != 0).double().sum())
         self.fired += (z != 0).double().sum(0)
         self.n_rows += y.shape[0]
@@ -308,6 +331,7 @@ class _Sums:
                              f"window, got {n_rows}")
         # Σ‖y − ȳ‖² = Σ‖y‖² − N ‖ȳ‖²
         total_var = s["y2"] - float(self.y_sum.pow(2).sum()) / n_rows
+        typical_var = s["y2_t"] - float(self.y_sum_t.pow(2).sum()) / max(self.n_typical, 1)
         density = (self.fired / n_rows).float()
         ce = {key: s[key] / n_pred for key in ("clean", "spliced", "zero", "mean")}
         return DictionaryMetrics(
@@ -318,7 +342,10 @@ class _Sums:
             ce_mean=ce["mean"],
             ce_loss_recovered=ce_loss_recovered(ce["clean"], ce["spliced"], ce["zero"]),
             ce_loss_recovered_mean=ce_loss_recovered(ce["clean"], ce["spliced"], ce["mean"]),
-            kl=s["kl"] / n_pred, dense_threshold=dense_threshold, density=density)
+            kl=s["kl"] / n_pred, dense_threshold=dense_threshold, density=density,
+            explained_variance_typical=(1.0 - s["err_t"] / typical_var if typical_var > 0
+                                        else math.nan),
+            massive_fraction=1.0 - self.n_typical / n_rows)
 
 
 def _spliced_logits(model: nn.Module, dictionary: Dictionary, site: Site, rest: object

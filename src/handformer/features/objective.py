@@ -11,7 +11,10 @@ laptop-sized defaults:
   its ``b_dec`` lives in the output space); ``z = TopK(pre)`` keeps the ``k`` largest
   pre-activations, through a ReLU, and zeroes the rest (``"relu"``: ``z = ReLU(pre)``, with
   an L1 penalty instead).
-* **Decode.** ``x_hat = z W_dec + b_dec``.
+* **Decode.** ``x_hat = z W_dec + b_dec``; a skip transcoder adds a linear term,
+  ``y_hat = z W_dec + b_dec + x W_skip`` (Paulo et al. 2025, "Transcoders beat sparse
+  autoencoders for interpretability": the dense linear part of an MLP's map goes through
+  ``W_skip`` and the latents are left the rest).
 * **Loss.** The normalised reconstruction error ``sum ||y - y_hat||^2 / (N var(y))``, ``var``
   the total variance per row measured on the first batch (a constant: a mean over rows, so
   data-parallel ranks average to the same gradient), plus ``aux_coeff`` (1/32) times AuxK:
@@ -22,7 +25,8 @@ laptop-sized defaults:
   ``W_dec`` is removed; after it every row is divided by its norm.
 * **Initialisation.** ``W_dec`` random unit rows, ``W_enc = W_dec^T`` (where the shapes
   agree), ``b_enc = 0``, ``b_dec`` the geometric median of the first batch's inputs (an SAE)
-  or the mean of its targets (a transcoder).
+  or the mean of its targets (a transcoder); ``W_skip = 0`` (a least-squares start from the
+  first batch, ~1,000 rows for 576 dims, over-fits it and generalises worse than zero).
 
 Shape letters: ``N`` rows (tokens), ``E`` input dim, ``F`` output dim, ``S`` latents.
 """
@@ -75,14 +79,19 @@ class TrainingDictionary(nn.Module):
         k: active latents per row (TopK).
         transcoder: a transcoder (no ``b_dec`` subtracted from the input).
         generator: the random generator of the initial weights.
+        skip: a linear skip term ``W_skip (E, F)`` (transcoders only).
 
     Raises:
-        ValueError: for an unknown kind, or ``k`` outside ``[1, d_sae]`` for TopK.
+        ValueError: for an unknown kind, ``k`` outside ``[1, d_sae]`` for TopK, a skip term
+            on an SAE.
     """
 
     def __init__(self, d_in: int, d_sae: int, d_out: int, *, kind: str, k: int | None,
-                 transcoder: bool, generator: torch.Generator) -> None:
+                 transcoder: bool, generator: torch.Generator, skip: bool = False) -> None:
         super().__init__()
+        if skip and not transcoder:
+            raise ValueError("skip=True is a transcoder's option (an SAE reconstructs its "
+                             "own input: a linear skip would learn the identity)")
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {list(KINDS)} to train (a JumpReLU "
                              f"dictionary is loaded, not trained here), got {kind!r}")
@@ -100,6 +109,7 @@ class TrainingDictionary(nn.Module):
         self.b_enc = nn.Parameter(torch.zeros(d_sae))
         self.W_dec = nn.Parameter(W_dec)
         self.b_dec = nn.Parameter(torch.zeros(d_out))
+        self.W_skip = nn.Parameter(torch.zeros(d_in, d_out)) if skip else None  # (E, F)
         # scale_in, scale_out, variance: set from the first batch; since_fired: training
         # tokens since each latent was last active (dead-latent bookkeeping)
         self.register_buffer("scale_in", torch.ones(()))
@@ -133,8 +143,12 @@ class TrainingDictionary(nn.Module):
         return torch.zeros_like(pre).scatter(-1, index, F.relu(values))
 
     def decode(self, z: Tensor) -> Tensor:
-        """``z W_dec + b_dec``, ``(N, F)``."""
+        """``z W_dec + b_dec``, ``(N, F)`` (the skip term is not in it: see :meth:`skip`)."""
         return z @ self.W_dec + self.b_dec
+
+    def skip(self, x: Tensor) -> Tensor | int:
+        """The skip term ``x W_skip`` ``(N, F)`` (scaled units), 0 without one."""
+        return 0 if self.W_skip is None else x @ self.W_skip
 
     def losses(self, x: Tensor, y: Tensor, *, dead_after: int, k_aux: int, aux_coeff: float,
                l1_coeff: float) -> tuple[Tensor, dict[str, Tensor]]:
@@ -154,7 +168,7 @@ class TrainingDictionary(nn.Module):
         else:
             pre = self.pre_acts(x)  # (N, S)
             z = self.activate(pre)  # (N, S)
-            y_hat = self.decode(z)  # (N, F)
+            y_hat = self.decode(z) + self.skip(x)  # (N, F)
             fired, l0 = (z > 0).any(0), (z > 0).float().sum(-1).mean()
         err = y - y_hat
         mse = err.pow(2).sum(-1).mean() / self.variance
@@ -192,7 +206,7 @@ class TrainingDictionary(nn.Module):
         values, index = pre.topk(self.k, dim=-1)  # (N, k)
         acts = F.relu(values)
         y_hat = F.embedding_bag(index, self.W_dec, per_sample_weights=acts, mode="sum")
-        return pre, index, acts, y_hat + self.b_dec  # y_hat: (N, F)
+        return pre, index, acts, y_hat + self.b_dec + self.skip(x)  # y_hat: (N, F)
 
     @torch.no_grad()
     def count_firing(self, fired: Tensor, rows: int) -> None:
@@ -205,12 +219,15 @@ class TrainingDictionary(nn.Module):
 
         With ``z_raw = z / s_in``: ``W_enc`` unchanged, ``b_enc / s_in``, ``b_dec / s_in`` (an
         SAE) or ``b_dec / s_out`` (a transcoder), ``W_dec * s_in / s_out`` (an SAE: unchanged,
-        rows of unit norm).
+        rows of unit norm), ``W_skip * s_in / s_out`` (``x_raw s_in W_skip / s_out``).
         """
         s_in, s_out = float(self.scale_in), float(self.scale_out)
         b_dec = self.b_dec / (s_out if self.transcoder else s_in)
-        return {"W_enc": self.W_enc.detach().clone(), "b_enc": self.b_enc / s_in,
-                "W_dec": self.W_dec * (s_in / s_out), "b_dec": b_dec.clone()}
+        out = {"W_enc": self.W_enc.detach().clone(), "b_enc": self.b_enc / s_in,
+               "W_dec": self.W_dec * (s_in / s_out), "b_dec": b_dec.clone()}
+        if self.W_skip is not None:
+            out["W_skip"] = self.W_skip * (s_in / s_out)
+        return out
 
 
 @torch.no_grad()
@@ -249,7 +266,8 @@ class DictionarySet(nn.Module):
         self.dicts = nn.ModuleDict({
             site_key(at): TrainingDictionary(d_in, config["d_sae"], d_out, kind=config["kind"],
                                              k=config["k"], transcoder=config["transcoder"],
-                                             generator=generator)
+                                             generator=generator,
+                                             skip=bool(config.get("skip", False)))
             for at, (d_in, d_out) in dims.items()})
 
     def items(self) -> list[tuple[str, TrainingDictionary]]:

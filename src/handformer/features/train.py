@@ -54,6 +54,7 @@ from handformer.features.stream import (
     corpus_ids,
     parse_sites,
     split_windows,
+    typical_rows,
 )
 from handformer.train import checkpoint as ckpt
 from handformer.train import distributed as D
@@ -77,6 +78,11 @@ class SAETrainConfig:
         at: hook name(s) or a glob (a transcoder: ``blocks.N.hook_mlp_out`` or ``"all"``).
         kind: ``"topk"`` or ``"relu"``.
         transcoder: train transcoders (MLP input -> MLP output) instead of SAEs.
+        skip: give each transcoder a linear skip term ``W_skip`` (transcoders only).
+        massive: leave out of the training batches the rows whose input or target norm is
+            over this many times the batch's median (*massive activations*, Sun et al. 2024:
+            a few delimiter tokens act as second attention sinks, with norms ~100x the rest,
+            and one such row would outweigh the batch's loss); 0 keeps every row.
         d_sae: latents per dictionary.
         k: active latents per token (TopK).
         tokens: training tokens (positions 1.. of every window; the sink is left out).
@@ -105,6 +111,8 @@ class SAETrainConfig:
     at: str | list[str]
     kind: str = "topk"
     transcoder: bool = False
+    skip: bool = False
+    massive: float = 10.0
     d_sae: int = 4096
     k: int | None = 32
     tokens: int = 1_000_000
@@ -147,6 +155,12 @@ class SAETrainConfig:
         if self.kind == "topk" and (isinstance(self.k, bool) or not isinstance(self.k, int)
                                     or not 1 <= self.k <= self.d_sae):
             raise ValueError(f"k must be an integer in [1, d_sae={self.d_sae}], got {self.k!r}")
+        if self.skip and not self.transcoder:
+            raise ValueError("skip=True is a transcoder's option (pass transcoder=True)")
+        if isinstance(self.massive, bool) or not isinstance(self.massive, int | float) \
+                or not (self.massive == 0 or self.massive > 1):
+            raise ValueError(f"massive must be 0 (keep every row) or a factor > 1, got "
+                             f"{self.massive!r}")
         if self.lr is not None and not self.lr > 0:
             raise ValueError(f"lr must be positive, got {self.lr!r}")
         if not 0 <= self.decay <= 1:
@@ -207,7 +221,7 @@ def export(dset: DictionarySet, sites: Sequence[Site]) -> dict[str, Dictionary]:
         if site.transcoder:
             d: Dictionary = Transcoder(d_in, d_sae, td.W_dec.shape[1], activation=kind, k=k,
                                        hook_name=f"blocks.{site.layer}.mlp.hook_in",
-                                       output_hook_name=at)
+                                       output_hook_name=at, skip=td.W_skip is not None)
         else:
             d = SparseAutoencoder(d_in, d_sae, activation=kind, k=k, hook_name=at)
         with torch.no_grad():
@@ -366,9 +380,11 @@ def _fit(sites: list[Site], source: object, config: SAETrainConfig, out: Path | 
     dims = {s.at: (first[s.at][0].shape[-1], first[s.at][1].shape[-1]) for s in sites}
     set_config = {"kind": config.kind, "k": config.k if config.kind == "topk" else None,
                   "d_sae": config.d_sae, "transcoder": config.transcoder}
+    if config.skip:  # only when set: runs from before the option resume unchanged
+        set_config["skip"] = True
     dset = DictionarySet(set_config, dims, g).to(info.device)
     for s, (_, td) in zip(sites, dset.items(), strict=True):
-        td.initialise(*first[s.at])
+        td.initialise(*typical_rows(*first[s.at], config.massive))
     del first
     params = list(dset.parameters())
     lr = config.lr if config.lr is not None else paper_lr(config.d_sae)
@@ -439,7 +455,7 @@ def _fit(sites: list[Site], source: object, config: SAETrainConfig, out: Path | 
             optimizer.zero_grad(set_to_none=True)
             parts_all = {}
             for s, (at, td) in zip(sites, dset.items(), strict=True):
-                x, y = acts[s.at]
+                x, y = typical_rows(*acts[s.at], config.massive)
                 loss, parts = td.losses(x, y, dead_after=dead_after, k_aux=k_aux,
                                         aux_coeff=config.aux_coeff, l1_coeff=config.l1_coeff)
                 loss.backward()  # one site's graph at a time (their parameters are disjoint)
