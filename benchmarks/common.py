@@ -60,6 +60,14 @@ def interleaved(fns: dict[str, Callable[[], object]], *, repeats: int, warmup: i
     return {name: statistics.median(t) for name, t in runs.items()}
 
 
+def seconds_per_call(fn: Callable[[], object], calls: int) -> float:
+    """Mean wall seconds of ``calls`` back-to-back calls of ``fn``."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls
+
+
 def memory_status() -> dict[str, int]:
     """This process's resident memory now (``VmRSS``) and at its peak (``VmHWM``), in bytes,
     from ``/proc/self/status`` (Linux)."""
