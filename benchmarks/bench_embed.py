@@ -30,10 +30,8 @@ Run: ``.venv/bin/python benchmarks/bench_embed.py`` (or ``make bench``);
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,7 +39,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import QUICK, interleaved, machine, machine_line, write_results  # noqa: E402
+from common import (  # noqa: E402
+    QUICK,
+    interleaved,
+    machine,
+    machine_line,
+    run_script,
+    write_results,
+)
 from handformer import layers  # noqa: E402
 from handformer.pretrained import bundled_model_dir, embed, load_bert  # noqa: E402
 
@@ -216,16 +221,9 @@ def bench_padded_forward() -> dict[str, object]:
 
 
 LOAD_SCRIPT = r"""
-import json, os, sys, time
-def status():
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("VmHWM", "VmRSS"):
-                out[key] = int(value.split()[0]) * 1024
-    return out
+import json, sys
 import torch, tokenizers, safetensors
+from common import measure_load
 which = sys.argv[1]
 if which == "handformer":
     from handformer.pretrained import bundled_model_dir, load_bert
@@ -234,19 +232,8 @@ else:
     import transformers
     from handformer.pretrained import bundled_model_dir
     load = lambda: transformers.BertModel.from_pretrained(str(bundled_model_dir()))
-try:  # reset the peak so that it measures the load alone
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-except OSError:
-    pass
-before = status()
-start = time.perf_counter()
-model = load()
-seconds = time.perf_counter() - start
-after = status()
-print(json.dumps({"seconds": seconds, "rss_before": before["VmRSS"],
-                  "hwm_before": before["VmHWM"], "hwm_after": after["VmHWM"],
-                  "rss_after": after["VmRSS"]}))
+model, measured = measure_load(load)
+print(json.dumps(measured))
 """
 
 
@@ -256,9 +243,7 @@ def bench_loading() -> dict[str, object]:
     for which in ("handformer",) if QUICK else ("handformer", "transformers"):
         runs = []
         for _ in range(1 if QUICK else 3):
-            proc = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, which], check=True,
-                                  capture_output=True, text=True)
-            runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            runs.append(run_script(LOAD_SCRIPT, which))
         best = min(runs, key=lambda r: r["seconds"])
         growth = max(r["hwm_after"] - r["rss_before"] for r in runs)
         out[which] = {"seconds": best["seconds"], "peak_growth_bytes": growth,

@@ -20,16 +20,14 @@ Run: ``.venv/bin/python benchmarks/bench_gguf.py`` (or ``make bench``);
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import QUICK, machine, machine_line, write_results  # noqa: E402
+from common import QUICK, machine, machine_line, run_script, write_results  # noqa: E402
 from handformer.pretrained.gguf import read_gguf, shipped_path  # noqa: E402
 
 MODELS = ("smollm2-135m-instruct",) if QUICK else ("smollm2-135m-instruct", "gemma3-270m")
@@ -37,17 +35,10 @@ RUNS = 1 if QUICK else 3
 TRANSFORMERS_RUNS = 0 if QUICK else 1
 
 LOAD_SCRIPT = r"""
-import json, sys, time, warnings
+import json, sys, warnings
 warnings.simplefilter("ignore")
-def status():
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("VmHWM", "VmRSS"):
-                out[key] = int(value.split()[0]) * 1024
-    return out
 import torch
+from common import measure_load
 which, path = sys.argv[1], sys.argv[2]
 if which == "handformer":
     try:
@@ -71,23 +62,15 @@ else:
         model = transformers.AutoModelForCausalLM.from_pretrained(
             os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32)
         return model.state_dict()
-try:  # reset the peak so that it measures the load alone
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-except OSError:
-    pass
-before = status()
-start = time.perf_counter()
-state = load()
-seconds = time.perf_counter() - start
-after = status()
+state, measured = measure_load(load)
 seen, params = set(), 0
 for t in state.values():
     if t.data_ptr() not in seen:  # a tied head counts once
         seen.add(t.data_ptr())
         params += t.numel()
-print(json.dumps({"api": api, "seconds": seconds, "rss_before": before["VmRSS"],
-                  "hwm_after": after["VmHWM"], "params": params}))
+print(json.dumps({"api": api, "seconds": measured["seconds"],
+                  "rss_before": measured["rss_before"], "hwm_after": measured["hwm_after"],
+                  "params": params}))
 """
 
 TOKENIZER_SCRIPT = r"""
@@ -104,12 +87,6 @@ print(json.dumps({"seconds": time.perf_counter() - start, "vocab": len(tok)}))
 """
 
 
-def run(script: str, *args: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", script, *args], check=True,
-                          capture_output=True, text=True, timeout=900)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def bench_model(name: str) -> dict[str, object]:
     path = shipped_path(name)  # Gemma's assembly (first use) is not timed
     header = []
@@ -120,7 +97,7 @@ def bench_model(name: str) -> dict[str, object]:
     out: dict[str, object] = {"file": path.name, "file_bytes": path.stat().st_size,
                               "read_gguf_s": statistics.median(header)}
     for which, n in (("handformer", RUNS), ("transformers", TRANSFORMERS_RUNS)):
-        runs = [run(LOAD_SCRIPT, which, str(path)) for _ in range(n)]
+        runs = [run_script(LOAD_SCRIPT, which, str(path), timeout=900) for _ in range(n)]
         if not runs:
             continue
         params = runs[0]["params"]
@@ -129,7 +106,7 @@ def bench_model(name: str) -> dict[str, object]:
                       "all_seconds": [r["seconds"] for r in runs], "params": params,
                       "float32_bytes": params * 4, "peak_growth_bytes": growth,
                       "growth_over_float32": growth / (params * 4)}
-    tok = run(TOKENIZER_SCRIPT, str(path))
+    tok = run_script(TOKENIZER_SCRIPT, str(path), timeout=900)
     if tok is not None:
         out["tokenizer_s"] = tok["seconds"]
     if "transformers" in out:

@@ -47,7 +47,15 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import QUICK, interleaved, interleaved_runs, machine, machine_line, write_results  # noqa: E402
+from common import (  # noqa: E402
+    QUICK,
+    interleaved,
+    interleaved_runs,
+    machine,
+    machine_line,
+    seconds_per_call,
+    write_results,
+)
 from handformer.pretrained import load_lm  # noqa: E402
 from llm_bf16 import bench_bf16  # noqa: E402
 from llm_int8 import bench_int8  # noqa: E402
@@ -172,10 +180,7 @@ def bench_threads(ours: torch.nn.Module, theirs: torch.nn.Module, threads: int) 
             steps[name].append(clock.seconds_per_step())
 
         def floor(step: callable = step, steps: dict[str, list[float]] = steps) -> None:
-            start = time.perf_counter()
-            for _ in range(NEW - 1):
-                step()
-            steps["floor"].append((time.perf_counter() - start) / (NEW - 1))
+            steps["floor"].append(seconds_per_call(step, NEW - 1))
 
         interleaved_runs({"handformer": lambda: decode("handformer", gen_ours),
                           "transformers": lambda: decode("transformers", gen_theirs),

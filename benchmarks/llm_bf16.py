@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import QUICK, interleaved_runs  # noqa: E402
+from common import QUICK, interleaved_runs, seconds_per_call  # noqa: E402
 from handformer.pretrained import load_lm  # noqa: E402
 
 CONTEXT = 16 if QUICK else 128
@@ -70,10 +70,7 @@ def bench_bf16(folder: Path, ours32: torch.nn.Module, threads: tuple[int, ...],
             times[name].append((stamps[-1] - stamps[0]) / (NEW - 1))
 
         def floor(step: callable = step, times: dict = times) -> None:
-            start = time.perf_counter()
-            for _ in range(NEW - 1):
-                step()
-            times["floor"].append((time.perf_counter() - start) / (NEW - 1))
+            times["floor"].append(seconds_per_call(step, NEW - 1))
 
         interleaved_runs({"float32": lambda: decode("float32", ours32),
                           "bfloat16": lambda: decode("bfloat16", ours16),

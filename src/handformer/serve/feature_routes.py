@@ -19,7 +19,13 @@ import json
 import math
 
 from handformer.serve.features import FeatureSet, active_features, feature_card, intervene
-from handformer.serve.validation import RequestError, parse_run
+from handformer.serve.validation import (
+    RequestError,
+    check_fields,
+    check_model,
+    int_field,
+    parse_run,
+)
 
 __all__ = ["feature_routes", "MAX_TOP", "MAX_COEFFICIENT", "MAX_NEW_TOKENS", "parse_feature_body"]
 
@@ -33,17 +39,6 @@ _FIELDS = {
     "intervene": {"model", "dictionary", "text", "ids", "feature", "mode", "coefficient",
                   "new_tokens"},
 }
-
-
-def _int(body: dict[str, object], name: str, default: int | None, lo: int, hi: int) -> int:
-    value = body.get(name, default)
-    if value is None:
-        raise RequestError(name, "is missing")
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError(name, f"must be an integer, got {json.dumps(value)[:40]}")
-    if not lo <= value <= hi:
-        raise RequestError(name, f"must be in {lo}..{hi}, got {value}")
-    return value
 
 
 def parse_feature_body(kind: str, body: dict[str, object], features: FeatureSet,
@@ -63,14 +58,8 @@ def parse_feature_body(kind: str, body: dict[str, object], features: FeatureSet,
     Raises:
         RequestError: naming the first bad field.
     """
-    extra = sorted(set(body) - _FIELDS[kind])
-    if extra:
-        raise RequestError(extra[0], f"unknown field; valid fields are "
-                                     f"{', '.join(sorted(_FIELDS[kind]))}")
-    name = registry.check_name(body.get("model"))
-    if name != features.model_name:
-        raise RequestError("model", f"the dictionaries are for {features.model_name!r}, not "
-                                    f"{name!r}")
+    check_fields(body, _FIELDS[kind])
+    name = check_model(body, registry, features.model_name, "dictionaries")
     dictionary = body.get("dictionary", features.names()[0])
     if not isinstance(dictionary, str) or dictionary not in features.dictionaries:
         raise RequestError("dictionary", f"{json.dumps(dictionary)[:60]} is not served here; "
@@ -78,9 +67,9 @@ def parse_feature_body(kind: str, body: dict[str, object], features: FeatureSet,
     out: dict[str, object] = {"dictionary": dictionary}
     d = features.dictionaries[dictionary]
     if "feature" in _FIELDS[kind]:
-        out["feature"] = _int(body, "feature", None, 0, d.d_sae - 1)
+        out["feature"] = int_field(body, "feature", None, 0, d.d_sae - 1)
     if kind == "active":
-        out["top"] = _int(body, "top", 8, 1, MAX_TOP)
+        out["top"] = int_field(body, "top", 8, 1, MAX_TOP)
     if kind == "intervene":
         mode = body.get("mode", "ablate")
         if mode not in MODES:
@@ -99,7 +88,7 @@ def parse_feature_body(kind: str, body: dict[str, object], features: FeatureSet,
             raise RequestError("coefficient", "applies to mode \"steer\"; ablation zeroes the "
                                               "feature")
         out |= {"mode": mode, "coefficient": float(c),
-                "new_tokens": _int(body, "new_tokens", 8, 0, MAX_NEW_TOKENS)}
+                "new_tokens": int_field(body, "new_tokens", 8, 0, MAX_NEW_TOKENS)}
     # The model is loaded by now (it is the first one, loaded at start).
     state = registry.get(name)
     out["state"] = state

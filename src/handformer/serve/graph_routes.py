@@ -30,7 +30,13 @@ from handformer.serve.graph import (
     GraphBusy,
     GraphSet,
 )
-from handformer.serve.validation import RequestError, parse_run
+from handformer.serve.validation import (
+    RequestError,
+    check_fields,
+    check_model,
+    int_field,
+    parse_run,
+)
 
 __all__ = ["graph_routes", "parse_compute_body", "parse_target"]
 
@@ -42,31 +48,6 @@ _HOW = ("no attribution graphs are served; start the server with handformer serv
 
 def _graphs(request: object) -> GraphSet | None:
     return request.app.state.graphs
-
-
-def _int(body: dict[str, object], name: str, default: int | None, lo: int, hi: int) -> int:
-    value = body.get(name, default)
-    if value is None:
-        raise RequestError(name, "is missing")
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError(name, f"must be an integer, got {json.dumps(value)[:40]}")
-    if not lo <= value <= hi:
-        raise RequestError(name, f"must be in {lo}..{hi}, got {value}")
-    return value
-
-
-def _check_fields(body: dict[str, object], allowed: set[str]) -> None:
-    extra = sorted(set(body) - allowed)
-    if extra:
-        raise RequestError(extra[0], f"unknown field; valid fields are "
-                                     f"{', '.join(sorted(allowed))}")
-
-
-def _check_model(body: dict[str, object], graphs: GraphSet, registry: object) -> None:
-    name = registry.check_name(body.get("model"))
-    if name != graphs.state.name:
-        raise RequestError("model", f"the transcoders are for {graphs.state.name!r}, not "
-                                    f"{name!r}")
 
 
 def parse_target(value: object, state: object) -> int | None:
@@ -118,12 +99,12 @@ def parse_compute_body(body: dict[str, object], graphs: GraphSet, registry: obje
     """
     from handformer.serve.compute import request_input
 
-    _check_fields(body, _COMPUTE)
-    _check_model(body, graphs, registry)
+    check_fields(body, _COMPUTE)
+    check_model(body, registry, graphs.state.name, "transcoders")
     state = graphs.state
     out: dict[str, object] = {
         "target": parse_target(body.get("target"), state),
-        "max_feature_nodes": _int(body, "max_feature_nodes", DEFAULT_FEATURE_NODES, 0,
+        "max_feature_nodes": int_field(body, "max_feature_nodes", DEFAULT_FEATURE_NODES, 0,
                                   MAX_FEATURE_NODES)}
     req = parse_run({k: body[k] for k in ("text", "ids") if k in body}, state)
     enc = request_input(state, req)
@@ -222,15 +203,15 @@ async def api_graph_card(request: object) -> object:
         return _not_served() if graphs is None else error(
             404, "feature cards need the transcoders: start the server with --transcoders PATH")
     body = await read_json(request)
-    _check_fields(body, _CARD)
-    _check_model(body, graphs, request.app.state.served.registry)
+    check_fields(body, _CARD)
+    check_model(body, request.app.state.served.registry, graphs.state.name, "transcoders")
     graph_id = _entry(graphs, body["graph"]).id if "graph" in body else None
     n = len(graphs.transcoders)
-    layer = _int(body, "layer", None, 0, n - 1)
+    layer = int_field(body, "layer", None, 0, n - 1)
     tc = graphs.transcoders[layer]
     if tc is None:
         raise RequestError("layer", f"layer {layer} has no transcoder")
-    feature = _int(body, "feature", None, 0, tc.d_sae - 1)
+    feature = int_field(body, "feature", None, 0, tc.d_sae - 1)
     card = await request.app.state.served.in_thread(graphs.card, layer, feature)
     return JSONResponse({"graph": graph_id, "layer": layer, "feature": feature} | card)
 

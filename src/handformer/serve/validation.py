@@ -23,7 +23,8 @@ from handformer.models.generation import check_sampling
 from handformer.serve.state import KINDS, AttentionChoice, ModelState
 
 __all__ = ["MAX_BODY", "WEIGHT_FORMATS", "RequestError", "BodyTooLarge", "RunRequest",
-           "GenerateRequest", "parse_json", "parse_run", "parse_generate", "parse_weights_format"]
+           "GenerateRequest", "parse_json", "parse_run", "parse_generate", "parse_weights_format",
+           "check_fields", "int_field", "check_model"]
 
 MAX_BODY = 64 * 1024  # bytes in a request body
 MAX_DEPTH = 32  # levels of [ and { in a request body (the deepest field, heads, needs 3)
@@ -153,15 +154,77 @@ def _check_depth(text: str) -> None:
             last = token
 
 
-def _unknown(body: dict[str, object], allowed: set[str]) -> None:
+def check_fields(body: dict[str, object], allowed: set[str]) -> None:
+    """Refuse a body with a field outside ``allowed`` (the first one, in sorted order).
+
+    Args:
+        body: the JSON object.
+        allowed: the endpoint's field names.
+
+    Raises:
+        RequestError: naming the unknown field and listing the valid ones.
+    """
     extra = sorted(set(body) - allowed)
     if extra:
         raise RequestError(extra[0], f"unknown field; valid fields are "
                                      f"{', '.join(sorted(allowed))}")
 
 
-def _int(body: dict[str, object], name: str, default: int | None, lo: int, hi: int
-         ) -> int | None:
+def int_field(body: dict[str, object], name: str, default: int | None, lo: int, hi: int
+              ) -> int:
+    """The integer field ``name`` of ``body``, in ``lo..hi``.
+
+    An absent field takes ``default``; with no default (None), or sent as ``null``, the field
+    is missing.
+
+    Args:
+        body: the JSON object.
+        name: the field.
+        default: its value when absent (None: the field is required).
+        lo, hi: the smallest and the largest value allowed.
+
+    Returns:
+        The value.
+
+    Raises:
+        RequestError: naming the field when it is missing, not an integer, or out of range.
+    """
+    value = body.get(name, default)
+    if value is None:
+        raise RequestError(name, "is missing")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(name, f"must be an integer, got {json.dumps(value)[:40]}")
+    if not lo <= value <= hi:
+        raise RequestError(name, f"must be in {lo}..{hi}, got {value}")
+    return value
+
+
+def check_model(body: dict[str, object], registry: object, served: str, what: str) -> str:
+    """The ``model`` field of an endpoint that serves one model's extras (dictionaries,
+    transcoders): a model the server knows, and that one.
+
+    Args:
+        body: the JSON object.
+        registry: the server's models (:class:`~handformer.serve.registry.ModelRegistry`).
+        served: the name of the model the extras belong to.
+        what: the extras, for the message (``"dictionaries"``, ``"transcoders"``).
+
+    Returns:
+        The model's name.
+
+    Raises:
+        RequestError: naming ``model``.
+    """
+    name = registry.check_name(body.get("model"))
+    if name != served:
+        raise RequestError("model", f"the {what} are for {served!r}, not {name!r}")
+    return name
+
+
+def _optional_int(body: dict[str, object], name: str, default: int | None, lo: int, hi: int
+                  ) -> int | None:
+    """The integer field ``name`` in ``lo..hi``, or ``default`` when it is absent or ``null``
+    (where :func:`int_field` calls a ``null`` field missing)."""
     value = body.get(name)
     if value is None:
         return default
@@ -267,7 +330,7 @@ def parse_run(body: dict[str, object], state: ModelState) -> RunRequest:
     Raises:
         RequestError: naming the first bad field.
     """
-    _unknown(body, _RUN_FIELDS)
+    check_fields(body, _RUN_FIELDS)
     ids = _ids(body, state)
     text = _text(body, "text", required=ids is None)
     if ids is not None:
@@ -311,7 +374,7 @@ def parse_generate(body: dict[str, object], state: ModelState) -> GenerateReques
     if not state.causal:
         raise RequestError(None, f"{state.name} is an encoder; /api/generate needs a causal "
                                  "language model folder (handformer serve --model DIR)")
-    _unknown(body, _GENERATE_FIELDS)
+    check_fields(body, _GENERATE_FIELDS)
     chat = body.get("messages") is not None
     if chat and body.get("text") is not None:
         raise RequestError("messages", "give either text (a prompt) or messages (a chat), "
@@ -325,7 +388,7 @@ def parse_generate(body: dict[str, object], state: ModelState) -> GenerateReques
     # Text only, a reply may run to the model's context; with attention, every token's line
     # holds every head's weights, so the viewer's limit applies.
     most = getattr(state, "context", MAX_NEW_TOKENS) if text_only else MAX_NEW_TOKENS
-    max_new_tokens = _int(body, "max_new_tokens", 20, 1, most)
+    max_new_tokens = _optional_int(body, "max_new_tokens", 20, 1, most)
     temperature, top_p = _number(body, "temperature"), _number(body, "top_p")
     top_k, seed = _integer(body, "top_k"), _integer(body, "seed")
     try:

@@ -308,6 +308,11 @@ class Layout:
         return rename
 
 
+# Llama's checkpoints (and Mistral's, Qwen's): the body under ``model.``, or with no prefix in
+# a base model saved alone.
+LLAMA_LAYOUT = Layout(body="model.", bodies=("model.", ""), anchor="embed_tokens.weight")
+
+
 @dataclass(frozen=True)
 class GGUFRules:
     """A family's GGUF files (llama.cpp): the ``general.architecture`` values it reads and what

@@ -23,10 +23,10 @@ and ``model.embed_tokens`` -> ``tok_emb``, ``model.norm`` -> ``ln_final``, ``lm_
 from __future__ import annotations
 
 from handformer.pretrained.families.common import (
+    LLAMA_LAYOUT,
     LLAMA_NORMS,
     Fields,
     GGUFRules,
-    Layout,
     activation,
     decoder_config,
     decoder_key_map,
@@ -38,7 +38,7 @@ from handformer.pretrained.families.common import (
 __all__ = ["MODEL_TYPES", "LAYOUT", "GGUF", "DEFAULTS", "config_from_hf", "key_map"]
 
 MODEL_TYPES = ("llama", "mistral")
-LAYOUT = Layout(body="model.", bodies=("model.", ""), anchor="embed_tokens.weight")
+LAYOUT = LLAMA_LAYOUT
 # llama.cpp files say ``llama`` for Mistral too; its converter rotates interleaved pairs where
 # Hugging Face's Llama rotates halves, so it reordered the q/k rows of every head.
 GGUF = GGUFRules(architectures=("llama",), permuted_qk=True)

@@ -15,10 +15,10 @@ may still declare ``sliding_window: 131072``).
 from __future__ import annotations
 
 from handformer.pretrained.families.common import (
+    LLAMA_LAYOUT,
     LLAMA_NORMS,
     Fields,
     GGUFRules,
-    Layout,
     activation,
     decoder_config,
     decoder_key_map,
@@ -30,7 +30,7 @@ from handformer.pretrained.families.common import (
 __all__ = ["MODEL_TYPES", "LAYOUT", "GGUF", "DEFAULTS", "config_from_hf", "key_map"]
 
 MODEL_TYPES = ("qwen2", "qwen3")
-LAYOUT = Layout(body="model.", bodies=("model.", ""), anchor="embed_tokens.weight")
+LAYOUT = LLAMA_LAYOUT
 GGUF = GGUFRules(architectures=("qwen2", "qwen3"))  # rotating halves, as Hugging Face: no fix-up
 
 _COMMON = {"hidden_act": "silu", "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
