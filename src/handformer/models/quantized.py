@@ -68,9 +68,6 @@ __all__ = ["Int8Linear", "Int8Group", "check_quantize", "int8_step_linear", "QUA
            "RESIDUAL_SCALE"]
 
 QUANTIZE_CHOICES = ("int8",)
-# The activations use the full 8-bit range: the host's VNNI instructions accumulate without
-# the overflow that reduce_range (7-bit activations) guards against on older CPUs.
-_REDUCE_RANGE = False
 RESIDUAL_SCALE = 128.0  # r = 128 (x^ - c): a power of two, so scaling back adds no rounding
 _TINY = 1e-30  # a row of zeros is divided by this, not by 0
 # Weights are packed for FBGEMM in pieces of at most this many bytes (a piece is copied once
@@ -145,22 +142,13 @@ def _pack(q: Tensor, scales: Tensor) -> tuple[tuple[object, ...], tuple[int, ...
 
 
 # The input is written in units where the kernel's grid is the integers: u = x * 127.5 / a
-# lies in [-127.5, 127.5], and two guard rows of -127.5 and +127.5 make FBGEMM pick scale 1
-# and zero point 128, so that the integers k in [-127, 127] quantize with no error.
+# lies in [-127.5, 127.5]; the kernel is told scale 1 and zero point 128 (uint8 0..255 holds
+# the integers -128..127), so that the integers k in [-127, 127] quantize with no error. (The
+# full 8-bit range: VNNI's instructions accumulate without the overflow that torch's
+# reduce_range, 7-bit activations, guards against on older CPUs.)
 _HALF = 127.5
-
-
-@functools.cache
-def _integer_range() -> tuple[int, int]:
-    """The integers FBGEMM's grid holds for an input whose range is ``[-127.5, 127.5]``."""
-    scale, zero = torch._choose_qparams_per_tensor(torch.tensor([-_HALF, _HALF]),
-                                                   _REDUCE_RANGE)
-    if float(scale) != 1.0:  # a kernel that chose otherwise would break the scheme: say so
-        raise RuntimeError(f"FBGEMM's quantization parameters for [-127.5, 127.5] are "
-                           f"({scale}, {zero}), not scale 1: int8 inputs cannot be exact")
-    # and within [-127, 127], so that no row reaches past the guards (u = -127.5 would round
-    # to -128 and move the kernel's range)
-    return max(-int(zero), -127), min(255 - int(zero), 127)
+_ZERO_POINT = 128
+_INTEGERS = (-127, 127)  # k's range (u = 127.5 would round to 128, past the grid)
 
 
 @functools.cache
@@ -172,46 +160,43 @@ def _divisors() -> Tensor:
 
 @functools.cache
 def _one_row_coefficients() -> Tensor:
-    """``(1, 4)``: ``y = a [1, 0, 0, 1/128] / 127.5 @ Y`` for one row (``Y``: k, g, g, r)."""
-    return torch.tensor([[1.0, 0.0, 0.0, 1.0 / RESIDUAL_SCALE]]) / _HALF
+    """``(1, 2)``: ``y = a [1, 1/128] / 127.5 @ Y`` for one row (``Y``: the rows k, r)."""
+    return torch.tensor([[1.0, 1.0 / RESIDUAL_SCALE]]) / _HALF
 
 
 class _Stacked:
-    """The kernel's input for ``m`` rows of ``k`` features, written in place: ``(2m + 2, k)``
-    rows ``[k; g; r]``, the guard rows ``g`` (``-127.5`` and ``+127.5`` at column 0, zeros
-    elsewhere) written once, and views of its parts made once (a slice is an operation)."""
+    """The kernel's input for ``m`` rows of ``k`` features, ``(2m, k)``: the rows ``[k; r]``,
+    written in place at each call (a decoding step keeps one per input size)."""
 
     def __init__(self, m: int, k: int) -> None:
-        self.rows = torch.zeros(2 * m + 2, k)  # (2m + 2, K)
-        self.rows[m, 0], self.rows[m + 1, 0] = -_HALF, _HALF
-        # (2, m, K): the rows of k and those of r, one view, to write u and 128 u in one call
-        self.both = self.rows.as_strided((2, m, k), ((m + 2) * k, k, 1))
-        self.integers, self.residuals = self.rows[:m], self.rows[m + 2:]  # (m, K) each
-        self.range = _integer_range()
+        self.rows = torch.empty(2 * m, k)  # (2m, K)
+        self.both = self.rows.view(2, m, k)  # (2, m, K): the rows of k, those of r
+        self.integers, self.residuals = self.both[0], self.both[1]  # (m, K) each
 
     def fill(self, x: Tensor) -> Tensor:
-        """Write ``x: (m, k)`` float32 as ``[k; g; r]`` (see the module doc); return ``a``,
-        ``(m, 1)``. Six operations: the rows of ``k`` and of ``r`` are first written
-        together, as ``u`` and ``128 u``; ``k = round(u)``; ``r = 128 u - 128 k`` (exact,
-        the same bits as ``128 (u - k)``)."""
+        """Write ``x: (m, k)`` float32 as ``[k; r]`` (see the module doc); return ``a``,
+        ``(m, 1)``. Both halves are first written in one division, as ``u`` and ``128 u``;
+        then ``k = round(u)`` and ``r = 128 u - 128 k`` (exact: the same bits as
+        ``128 (u - k)``)."""
         a = x.abs().amax(dim=-1, keepdim=True).clamp_min_(_TINY)  # (m, 1)
         torch.div(x, a / _divisors(), out=self.both)  # (2, m, K): u, 128 u
-        self.integers.round_().clamp_(*self.range)  # integers in [-127, 127]
+        self.integers.round_().clamp_(*_INTEGERS)  # integers in [-127, 127]
         self.residuals.add_(self.integers, alpha=-RESIDUAL_SCALE)  # within [-64, 64]
         return a
 
 
 def _combine(y: Tensor, a: Tensor) -> Tensor:
-    """The products of ``[k; g; r]`` (``(2M + 2, N)``) -> ``(M, N)``."""
+    """The products of ``[k; r]`` (``(2M, N)``) -> ``(M, N)``."""
     m = a.shape[0]
     if m == 1:
-        return torch.mm(a * _one_row_coefficients(), y)  # (1, 4) @ (4, N)
-    return torch.add(y[:m], y[m + 2:], alpha=1.0 / RESIDUAL_SCALE).mul_(a / _HALF)
+        return torch.mm(a * _one_row_coefficients(), y)  # (1, 2) @ (2, N)
+    return torch.add(y[:m], y[m:], alpha=1.0 / RESIDUAL_SCALE).mul_(a / _HALF)
 
 
-# The kernel's own entry point, past ``torch.ops``' Python check for fake script objects.
-_LINEAR_DYNAMIC = getattr(torch.ops.quantized.linear_dynamic.default, "_op",
-                          torch.ops.quantized.linear_dynamic.default)
+# The kernel (FBGEMM): float32 rows quantized with the scale and zero point it is given, times
+# the packed int8 weight, float32 out; its own entry point, past torch.ops' Python wrapper.
+_KERNEL = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32.default
+_KERNEL = getattr(_KERNEL, "_op", _KERNEL)
 
 
 def _products(stacked: Tensor, pieces: Iterable[object]) -> Tensor:
@@ -223,7 +208,7 @@ def _products(stacked: Tensor, pieces: Iterable[object]) -> Tensor:
     13 (measured on an 8 x 576 matrix, one thread; 3.4 us without it). Torch-function modes
     still see the call."""
     with torch._C.DisableTorchFunctionSubclass():
-        ys = [_LINEAR_DYNAMIC(stacked, p, _REDUCE_RANGE) for p in pieces]
+        ys = [_KERNEL(stacked, 1.0, _ZERO_POINT, p) for p in pieces]
     return ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)
 
 
