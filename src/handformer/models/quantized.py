@@ -68,9 +68,6 @@ __all__ = ["Int8Linear", "Int8Group", "check_quantize", "int8_step_linear", "QUA
            "RESIDUAL_SCALE"]
 
 QUANTIZE_CHOICES = ("int8",)
-# The activations use the full 8-bit range: the host's VNNI instructions accumulate without
-# the overflow that reduce_range (7-bit activations) guards against on older CPUs.
-_REDUCE_RANGE = False
 RESIDUAL_SCALE = 128.0  # r = 128 (x^ - c): a power of two, so scaling back adds no rounding
 _TINY = 1e-30  # a row of zeros is divided by this, not by 0
 # Weights are packed for FBGEMM in pieces of at most this many bytes (a piece is copied once
@@ -145,66 +142,73 @@ def _pack(q: Tensor, scales: Tensor) -> tuple[tuple[object, ...], tuple[int, ...
 
 
 # The input is written in units where the kernel's grid is the integers: u = x * 127.5 / a
-# lies in [-127.5, 127.5], and two guard rows of -127.5 and +127.5 make FBGEMM pick scale 1
-# and zero point 128, so that the integers k in [-127, 127] quantize with no error.
+# lies in [-127.5, 127.5]; the kernel is told scale 1 and zero point 128 (uint8 0..255 holds
+# the integers -128..127), so that the integers k in [-127, 127] quantize with no error. (The
+# full 8-bit range: VNNI's instructions accumulate without the overflow that torch's
+# reduce_range, 7-bit activations, guards against on older CPUs.)
 _HALF = 127.5
+_ZERO_POINT = 128
+_INTEGERS = (-127, 127)  # k's range (u = 127.5 would round to 128, past the grid)
 
 
 @functools.cache
-def _integer_range() -> tuple[int, int]:
-    """The integers FBGEMM's grid holds for an input whose range is ``[-127.5, 127.5]``."""
-    scale, zero = torch._choose_qparams_per_tensor(torch.tensor([-_HALF, _HALF]),
-                                                   _REDUCE_RANGE)
-    if float(scale) != 1.0:  # a kernel that chose otherwise would break the scheme: say so
-        raise RuntimeError(f"FBGEMM's quantization parameters for [-127.5, 127.5] are "
-                           f"({scale}, {zero}), not scale 1: int8 inputs cannot be exact")
-    # and within [-127, 127], so that no row reaches past the guards (u = -127.5 would round
-    # to -128 and move the kernel's range)
-    return max(-int(zero), -127), min(255 - int(zero), 127)
-
-
-@functools.cache
-def _guard(k: int) -> Tensor:
-    """``(2, k)``: ``-127.5`` and ``+127.5`` at column 0, zeros elsewhere (pins the range)."""
-    g = torch.zeros(2, k)
-    g[0, 0], g[1, 0] = -_HALF, _HALF
-    return g
+def _divisors() -> Tensor:
+    """``(2, 1, 1)``: ``a`` over these is the divisor of ``x`` in ``u = x / (a / 127.5)`` and
+    in ``128 u`` (``a / (127.5 * 128)`` is ``(a / 127.5) / 128`` exactly: a power of two)."""
+    return torch.tensor([_HALF, _HALF * RESIDUAL_SCALE])[:, None, None]
 
 
 @functools.cache
 def _one_row_coefficients() -> Tensor:
-    """``(1, 4)``: ``y = a [1, 0, 0, 1/128] / 127.5 @ Y`` for one row (``Y``: k, g, g, r)."""
-    return torch.tensor([[1.0, 0.0, 0.0, 1.0 / RESIDUAL_SCALE]]) / _HALF
+    """``(1, 2)``: ``y = a [1, 1/128] / 127.5 @ Y`` for one row (``Y``: the rows k, r)."""
+    return torch.tensor([[1.0, 1.0 / RESIDUAL_SCALE]]) / _HALF
 
 
-def _prepare(x: Tensor) -> tuple[Tensor, Tensor]:
-    """``x: (M, K)`` float32 -> ``([k; g; r] (2M + 2, K), a (M, 1))`` (see the module doc)."""
-    low, high = _integer_range()
-    half, residual_scale = _constants()
-    a = x.abs().amax(dim=-1, keepdim=True).clamp_min_(_TINY)  # (M, 1)
-    u = x / (a / half)  # (M, K), within [-127.5, 127.5]
-    k = torch.round(u).clamp_(low, high)  # integers
-    residual = u.sub_(k).mul_(residual_scale)  # (M, K), within [-64, 64]
-    return torch.cat([k, _guard(x.shape[-1]), residual]), a
+class _Stacked:
+    """The kernel's input for ``m`` rows of ``k`` features, ``(2m, k)``: the rows ``[k; r]``,
+    written in place at each call (a decoding step keeps one per input size)."""
 
+    def __init__(self, m: int, k: int) -> None:
+        self.rows = torch.empty(2 * m, k)  # (2m, K)
+        self.both = self.rows.view(2, m, k)  # (2, m, K): the rows of k, those of r
+        self.integers, self.residuals = self.both[0], self.both[1]  # (m, K) each
 
-@functools.cache
-def _constants() -> tuple[Tensor, Tensor]:
-    """127.5 and 128 as 0-dim tensors (an in-place product with a Python number costs twice
-    one with a tensor: 2.6 against 1.0 us on a 576-wide row, measured)."""
-    return torch.tensor(_HALF), torch.tensor(RESIDUAL_SCALE)
+    def fill(self, x: Tensor) -> Tensor:
+        """Write ``x: (m, k)`` float32 as ``[k; r]`` (see the module doc); return ``a``,
+        ``(m, 1)``. Both halves are first written in one division, as ``u`` and ``128 u``;
+        then ``k = round(u)`` and ``r = 128 u - 128 k`` (exact: the same bits as
+        ``128 (u - k)``)."""
+        a = x.abs().amax(dim=-1, keepdim=True).clamp_min_(_TINY)  # (m, 1)
+        torch.div(x, a / _divisors(), out=self.both)  # (2, m, K): u, 128 u
+        self.integers.round_().clamp_(*_INTEGERS)  # integers in [-127, 127]
+        self.residuals.add_(self.integers, alpha=-RESIDUAL_SCALE)  # within [-64, 64]
+        return a
 
 
 def _combine(y: Tensor, a: Tensor) -> Tensor:
-    """The products of ``[k; g; r]`` (``(2M + 2, N)``) -> ``(M, N)``."""
+    """The products of ``[k; r]`` (``(2M, N)``) -> ``(M, N)``."""
     m = a.shape[0]
     if m == 1:
-        return torch.mm(a * _one_row_coefficients(), y)  # (1, 4) @ (4, N)
-    return torch.add(y[:m], y[m + 2:], alpha=1.0 / RESIDUAL_SCALE).mul_(a / _HALF)
+        return torch.mm(a * _one_row_coefficients(), y)  # (1, 2) @ (2, N)
+    return torch.add(y[:m], y[m:], alpha=1.0 / RESIDUAL_SCALE).mul_(a / _HALF)
+
+
+# The kernel (FBGEMM): float32 rows quantized with the scale and zero point it is given, times
+# the packed int8 weight, float32 out; its own entry point, past torch.ops' Python wrapper.
+_KERNEL = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32.default
+_KERNEL = getattr(_KERNEL, "_op", _KERNEL)
 
 
 def _products(stacked: Tensor, pieces: Iterable[object]) -> Tensor:
-    ys = [torch.ops.quantized.linear_dynamic(stacked, p, _REDUCE_RANGE) for p in pieces]
+    """``stacked`` (a plain tensor made here) times each packed piece, side by side.
+
+    With subclasses' ``__torch_function__`` switched off around the call: otherwise torch
+    looks for ``__torch_function__`` on the packed weight (a ``torch.ScriptObject``) at every
+    call, and that lookup raises and catches an exception inside torch, 8-10 us of the call's
+    13 (measured on an 8 x 576 matrix, one thread; 3.4 us without it). Torch-function modes
+    still see the call."""
+    with torch._C.DisableTorchFunctionSubclass():
+        ys = [_KERNEL(stacked, 1.0, _ZERO_POINT, p) for p in pieces]
     return ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)
 
 
@@ -248,10 +252,20 @@ class Int8Group:
                     self.exact_t[at, start:start + w.shape[0]] = w.exact.t()
         self._last: tuple | None = None  # (input, pointer, version, output, pending)
 
-    def product(self, x: Tensor) -> Tensor:
-        """``x: (M, in_features)`` float32 -> ``(M, sum of sizes)``, no bias."""
-        stacked, a = _prepare(x)
-        y = _combine(_products(stacked, self.packed), a)  # (M, N)
+    def product(self, x: Tensor, scratch: dict | None = None) -> Tensor:
+        """``x: (M, in_features)`` float32 -> ``(M, sum of sizes)``, no bias.
+
+        ``scratch``: where the kernel's inputs are kept from call to call, ``(M, K)`` ->
+        their buffer (the decoding step's, one per step: a buffer is written at every
+        call); None: a new one."""
+        m, k = x.shape
+        stacked = None if scratch is None else scratch.get((m, k))
+        if stacked is None:
+            stacked = _Stacked(m, k)
+            if scratch is not None:
+                scratch[m, k] = stacked
+        a = stacked.fill(x)  # (M, 1)
+        y = _combine(_products(stacked.rows, self.packed), a)  # (M, N)
         if self.columns is not None:
             y.addmm_(x.index_select(1, self.columns), self.exact_t)  # + x[:, U] W[:, U]^T
         return y
@@ -405,16 +419,20 @@ class Int8Linear(nn.Module):
                 + (f", packed with {shared - 1} other projection(s)" if shared > 1 else ""))
 
 
-def int8_step_linear(*linears: Int8Linear) -> Callable[[Tensor], Tensor]:
+def int8_step_linear(*linears: Int8Linear, scratch: dict | None = None
+                     ) -> Callable[[Tensor], Tensor]:
     """One function computing every one of ``linears`` (the same input) on one input, their
     outputs side by side: one product where they are one :class:`Int8Group`, in order.
 
     Args:
         linears: :class:`Int8Linear` layers that multiply the same input (q/k/v, gate/up).
+        scratch: a dict the function keeps the kernel's input buffers in (shared by the
+            functions of one decoding step, which run one at a time); None: its own.
 
     Returns:
         ``x: (B, in) -> (B, sum of out)``, float32.
     """
+    scratch = {} if scratch is None else scratch
     groups = {id(m._group) for m in linears}
     whole = (len(groups) == 1 and [m._index for m in linears]
              == list(range(len(linears[0]._group.sizes))))
@@ -423,7 +441,7 @@ def int8_step_linear(*linears: Int8Linear) -> Callable[[Tensor], Tensor]:
         b.detach() if b is not None else torch.zeros(m.out_features)
         for m, b in zip(linears, biases, strict=True)])
     if whole:
-        product = linears[0]._group.product
+        product = functools.partial(linears[0]._group.product, scratch=scratch)
     else:  # each its group's rows (a group's product computed once per call)
         def product(x: Tensor) -> Tensor:
             return torch.cat([m._group.output(m._index, x, x) for m in linears], dim=-1)

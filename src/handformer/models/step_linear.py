@@ -76,6 +76,8 @@ class StepLinears:
         self._old = _BLOCKED.get(model, {})
         self._new: dict = {}
         _BLOCKED[model] = self._new
+        # the int8 products' input buffers, shared by one step's layers (they run in turn)
+        self.int8_scratch: dict = {}
 
     def __call__(self, weight: Tensor, bias: Tensor | None) -> Linear:
         """``x -> F.linear(x, weight, bias)``, by the fastest kernel for ``weight``.
