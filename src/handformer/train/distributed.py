@@ -9,6 +9,7 @@ everything degrades to a single process and the collectives are no-ops.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -88,8 +89,17 @@ def setup(device: str = "auto") -> DistInfo:
 
 
 def teardown(info: DistInfo) -> None:
-    """Leave the process group (if this process joined one)."""
+    """Leave the process group (if this process joined one).
+
+    On the way out of a run that finished (no exception in flight: this is called from a
+    ``finally``), every rank first waits for the others: a rank that destroys its group while
+    another still talks to it can abort in gloo's threads ("terminate called without an active
+    exception", seen once under load). A rank leaving on an error does not wait: the others
+    may never come.
+    """
     if info.enabled and dist.is_initialized():
+        if sys.exc_info()[0] is None:
+            dist.barrier()
         dist.destroy_process_group()
 
 
