@@ -30,7 +30,8 @@ float32, batch 1, at 1 and 2 torch threads, all calls interleaved round by round
 
 Run: ``.venv/bin/python benchmarks/bench_llm.py`` (``HANDFORMER_BENCH_QUICK=1``: a tiny
 model, for the smoke test; ``--int8``: section 6 alone, written into the results in place
-of the last one).
+of the last one; ``--int8 --decode-only [--threads 2]``: only section 6's decoding rows,
+measured again, the rest of it kept).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from common import (  # noqa: E402
 )
 from handformer.pretrained import load_lm  # noqa: E402
 from llm_bf16 import bench_bf16  # noqa: E402
-from llm_int8 import bench_int8  # noqa: E402
+from llm_int8 import bench_int8, bench_int8_decode  # noqa: E402
 
 SHAPE = (dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2) if QUICK else
@@ -290,17 +291,28 @@ def load_memory(folder: Path, quantize: str | None = None) -> dict:
     return out
 
 
-def write_int8_section() -> None:
+def write_int8_section(args: list[str]) -> None:
     """Section 6 alone (``--int8``): run it and put it into ``results/llm.json`` and
-    ``llm.md`` in place of the last one, the other sections as they were."""
+    ``llm.md`` in place of the last one, the other sections as they were. With
+    ``--decode-only`` (and ``--threads 2``, say: comma-separated), only its decoding rows
+    are measured again (float32, int8, llama.cpp), its other figures kept."""
     import json
 
     from common import RESULTS
 
-    data, lines = bench_int8()
-    print("\n".join(lines))
     old = RESULTS / "llm.json"
     previous = json.loads(old.read_text()) if old.is_file() and not QUICK else {}
+    if "--decode-only" in args:
+        if "int8" not in previous:
+            raise SystemExit("--decode-only re-measures the decoding rows of a complete "
+                             "section 6: run --int8 alone first")
+        threads = THREADS
+        if "--threads" in args:
+            threads = tuple(int(t) for t in args[args.index("--threads") + 1].split(","))
+        data, lines = bench_int8_decode(previous["int8"], threads)
+    else:
+        data, lines = bench_int8()
+    print("\n".join(lines))
     md = (RESULTS / "llm.md").read_text() if previous else ""
     head = "## int8 "
     if head in md:  # replace the old section (up to the next heading of its level)
@@ -398,6 +410,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     if "--int8" in sys.argv[1:]:
-        write_int8_section()
+        write_int8_section(sys.argv[1:])
     else:
         main()

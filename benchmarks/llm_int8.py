@@ -176,6 +176,30 @@ def llama_cpp(path: Path, threads: int) -> dict | None:
     return {"cpu_ms": cpu if cpu > 0 else None, "wall_ms": wall}
 
 
+def _context_ids(tok: object, n: int) -> torch.Tensor:
+    """``(1, n)``: the English prompt repeated to ``n`` tokens."""
+    text = tok.encode(PROMPTS["english"])
+    return torch.tensor([(text * (n // len(text) + 1))[:n]])
+
+
+def decode_row(name: str, fp: torch.nn.Module, q8: torch.nn.Module, ids: torch.Tensor,
+               threads: int) -> dict:
+    """Greedy decoding at ``threads`` threads, float32 and int8 interleaved round by round
+    (the minimum over rounds), and llama.cpp on the same file."""
+    from handformer.pretrained.gguf.shipped import shipped_path
+
+    torch.set_num_threads(threads)
+    runs: dict[str, list[tuple[float, float]]] = {"float32": [], "int8": []}
+    for _ in range(ROUNDS):
+        for label, model in (("float32", fp), ("int8", q8)):
+            runs[label].append(decode_ms(model, ids))
+    torch.set_num_threads(1)
+    return {"threads": threads,
+            "decode_cpu_ms": {k: min(c for c, _ in v) for k, v in runs.items()},
+            "decode_wall_ms": {k: min(w for _, w in v) for k, v in runs.items()},
+            "llama_cpp": llama_cpp(shipped_path(name), threads)}
+
+
 def bench_model(name: str) -> dict:
     from handformer.pretrained.gguf.shipped import shipped_path
 
@@ -187,16 +211,11 @@ def bench_model(name: str) -> dict:
     agree = agreement(fp, q8, tok)
     gbps, fp_bytes = bandwidth(fp)
     q8_bytes = int8_bytes(q8)
-    text = tok.encode(PROMPTS["english"])
-    ids = torch.tensor([(text * (CONTEXT // len(text) + 1))[:CONTEXT]])
-    prefill_ids = torch.tensor([(text * (PREFILL // len(text) + 1))[:PREFILL]])
+    ids, prefill_ids = _context_ids(tok, CONTEXT), _context_ids(tok, PREFILL)
     rows = []
     for threads in THREADS:
+        row = decode_row(name, fp, q8, ids, threads)
         torch.set_num_threads(threads)
-        runs: dict[str, list[tuple[float, float]]] = {"float32": [], "int8": []}
-        for _ in range(ROUNDS):
-            for label, model in (("float32", fp), ("int8", q8)):
-                runs[label].append(decode_ms(model, ids))
 
         def prefill(m: torch.nn.Module) -> None:
             with torch.inference_mode():
@@ -205,11 +224,8 @@ def bench_model(name: str) -> dict:
         prefills = interleaved_runs({"float32": lambda: prefill(fp),
                                      "int8": lambda: prefill(q8)},
                                     repeats=ROUNDS, clock=time.process_time)
-        row = {"threads": threads,
-               "decode_cpu_ms": {k: min(c for c, _ in v) for k, v in runs.items()},
-               "decode_wall_ms": {k: min(w for _, w in v) for k, v in runs.items()},
-               "prefill_cpu_s": {k: min(v) for k, v in prefills.items()},
-               "llama_cpp": llama_cpp(path, threads)}
+        torch.set_num_threads(1)
+        row["prefill_cpu_s"] = {k: min(v) for k, v in prefills.items()}
         rows.append(row)
         print(f"{name}, {threads} thread(s): decode int8 {row['decode_cpu_ms']['int8']:.1f} "
               f"ms/token CPU ({row['decode_wall_ms']['int8']:.1f} wall), float32 "
@@ -217,7 +233,6 @@ def bench_model(name: str) -> dict:
               f"; prefill {PREFILL} tokens int8 {row['prefill_cpu_s']['int8']:.2f} s, float32 "
               f"{row['prefill_cpu_s']['float32']:.2f} s; llama.cpp {row['llama_cpp']}",
               flush=True)
-    torch.set_num_threads(1)
     return {"model": name, "gguf_bytes": path.stat().st_size, "load": memory,
             "agreement": agree, "threads": rows, "bandwidth_gb_per_s": gbps,
             "bytes_per_token": {"float32": fp_bytes, "int8": q8_bytes},
@@ -235,6 +250,44 @@ def bench_int8() -> tuple[dict, list[str]]:
     return data, markdown(data)
 
 
+def bench_int8_decode(previous: dict, threads: tuple[int, ...]) -> tuple[dict, list[str]]:
+    """Only the decoding rows (float32, int8 and llama.cpp) at ``threads``, measured again
+    and put into ``previous`` (a complete section 6, whose other figures stay): what a quiet
+    window re-measures (``bench_llm.py --int8 --decode-only [--threads 2]``).
+
+    Raises:
+        ValueError: for a model or thread count ``previous`` has no row of.
+    """
+    from handformer.pretrained.gguf.shipped import shipped_path
+
+    data = json.loads(json.dumps(previous))  # a copy
+    start = os.getloadavg()
+    for m in data["models"]:
+        have = {r["threads"]: r for r in m["threads"]}
+        if m["model"] not in MODELS or any(t not in have for t in threads):
+            raise ValueError(f"--decode-only re-measures rows of a complete run: "
+                             f"{m['model']} has threads {sorted(have)}, asked {threads}")
+        torch.set_num_threads(1)
+        path = shipped_path(m["model"])
+        fp, tok = load_lm(path)
+        q8, _ = load_lm(path, tokenizer=False, quantize="int8")
+        ids = _context_ids(tok, m["context"])
+        for t in threads:
+            row = decode_row(m["model"], fp, q8, ids, t)
+            have[t].update(row)
+            print(f"{m['model']}, {t} thread(s): decode int8 {row['decode_cpu_ms']['int8']:.1f}"
+                  f" ms/token CPU ({row['decode_wall_ms']['int8']:.1f} wall), float32 "
+                  f"{row['decode_cpu_ms']['float32']:.1f} "
+                  f"({row['decode_wall_ms']['float32']:.1f}); llama.cpp {row['llama_cpp']}",
+                  flush=True)
+        del fp, q8
+    end = os.getloadavg()
+    data.setdefault("decode_reruns", []).append(
+        {"threads": list(threads), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+         "load_average_start": list(start), "load_average_end": list(end)})
+    return data, markdown(data)
+
+
 def markdown(data: dict) -> list[str]:
     ok = lambda c: "yes" if c else "NO"  # noqa: E731
     start, end = data["load_average_start"][0], data["load_average_end"][0]
@@ -245,7 +298,12 @@ def markdown(data: dict) -> list[str]:
              "(run), else the issue's figure on this host (1 thread), CPU time at 1 thread "
              "and wall time at 2 (its threads spin while they wait, so its CPU time at 2 "
              "says little), compared with ours of the same kind. The floor: bytes per token "
-             "over the bandwidth of a float32 matrix-vector sweep in this run.", "",
+             "over the bandwidth of a float32 matrix-vector sweep in this run."
+             + "".join(f" Decode rows at {', '.join(map(str, r['threads']))} thread(s) "
+                       f"measured again alone on {r['date']} (load average "
+                       f"{r['load_average_start'][0]:.1f} at the start, "
+                       f"{r['load_average_end'][0]:.1f} at the end)."
+                       for r in data.get("decode_reruns", [])), "",
              "| model | threads | int8 | float32 | int8 floor | llama.cpp | int8 / llama.cpp "
              "(goal ≤ 1.5) | prefill int8 / float32 (goal ≤ 1) |",
              "|---|---|---|---|---|---|---|---|"]

@@ -350,3 +350,60 @@ def test_quantize_model_packs_each_layer_s_projections(llama_dir: Path):
     assert attn.q_proj._group is attn.k_proj._group is attn.v_proj._group
     assert ff.gate_proj._group is ff.up_proj._group is not ff.down_proj._group
     assert attn.out_proj._group is not attn.q_proj._group
+
+
+def test_the_kernel_input_is_k_and_the_exact_rest_of_u():
+    """The rows handed to the kernel: ``k = round(u)`` within [-127, 127] and ``r = 128 (u -
+    k)`` to the bit, for ``u = x / (a / 127.5)`` as float32 computes it (written as ``u`` and
+    ``128 u`` by one division and ``r = 128 u - 128 k``: both exact only as the module doc
+    says). Rows whose largest entry is negative, positive, tiny, and a row of zeros."""
+    from handformer.models.quantized import _Stacked
+
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(4, 40, generator=g) * torch.logspace(-4, 1, 40)
+    x[0, 3], x[1, 9], x[2] = -50.0, 50.0, x[2] * 1e-20
+    x = torch.cat([x, torch.zeros(1, 40)])
+    stacked = _Stacked(5, 40)
+    a = stacked.fill(x)
+    assert torch.equal(a, x.abs().amax(dim=1, keepdim=True).clamp_min(1e-30))
+    u = (x / (a / 127.5)).double()  # float32 division, then exact in float64
+    k = torch.round(u).clamp(-127, 127)
+    assert torch.equal(stacked.rows[:5].double(), k)
+    assert torch.equal(stacked.rows[5:].double(), 128 * (u - k))
+    assert float(stacked.rows[5:].abs().max()) <= 64 and float(k.abs().max()) == 127
+
+
+def test_the_step_s_shared_buffers_give_fresh_products():
+    """One step's int8 functions share their input buffers (one per batch and input size):
+    called in turn with other inputs and batch sizes, each still gives the bits of a product
+    made with a buffer of its own."""
+    from handformer.models.quantized import int8_step_linear
+
+    g = torch.Generator().manual_seed(13)
+    first, second = Int8Linear(torch.randn(24, 32, generator=g)), Int8Linear(
+        torch.randn(8, 32, generator=g), torch.randn(8, generator=g))
+    scratch: dict = {}
+    steps = [int8_step_linear(m, scratch=scratch) for m in (first, second)]
+    for rows in (1, 2, 1, 3):
+        for layer, step in zip((first, second), steps, strict=True):
+            x = torch.randn(rows, 32, generator=g) * 3
+            assert torch.equal(step(x), layer(x))
+    assert sorted(scratch) == [(1, 32), (2, 32), (3, 32)]
+
+
+def test_torch_function_modes_still_see_the_kernel():
+    """The kernel is called with subclasses' ``__torch_function__`` off (a lookup on its
+    packed weight cost 10 us a call), not with torch-function modes off."""
+    from torch.overrides import TorchFunctionMode
+
+    seen = []
+
+    class Watch(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    layer = Int8Linear(torch.randn(8, 16))
+    with Watch():
+        layer(torch.randn(1, 16))
+    assert any("quantized." in name for name in seen), seen
