@@ -185,6 +185,14 @@ class _Stacked:
         return a
 
 
+def _stacked(scratch: dict, m: int, k: int) -> _Stacked:
+    """The buffer ``scratch`` holds for ``m`` rows of ``k`` features (made on first use)."""
+    stacked = scratch.get((m, k))
+    if stacked is None:
+        stacked = scratch[m, k] = _Stacked(m, k)
+    return stacked
+
+
 def _combine(y: Tensor, a: Tensor) -> Tensor:
     """The products of ``[k; r]`` (``(2M, N)``) -> ``(M, N)``."""
     m = a.shape[0]
@@ -258,12 +266,7 @@ class Int8Group:
         ``scratch``: where the kernel's inputs are kept from call to call, ``(M, K)`` ->
         their buffer (the decoding step's, one per step: a buffer is written at every
         call); None: a new one."""
-        m, k = x.shape
-        stacked = None if scratch is None else scratch.get((m, k))
-        if stacked is None:
-            stacked = _Stacked(m, k)
-            if scratch is not None:
-                scratch[m, k] = stacked
+        stacked = _stacked({} if scratch is None else scratch, *x.shape)
         a = stacked.fill(x)  # (M, 1)
         y = _combine(_products(stacked.rows, self.packed), a)  # (M, N)
         if self.columns is not None:
@@ -440,14 +443,34 @@ def int8_step_linear(*linears: Int8Linear, scratch: dict | None = None
     bias = None if all(b is None for b in biases) else torch.cat([
         b.detach() if b is not None else torch.zeros(m.out_features)
         for m, b in zip(linears, biases, strict=True)])
-    if whole:
-        product = functools.partial(linears[0]._group.product, scratch=scratch)
-    else:  # each its group's rows (a group's product computed once per call)
-        def product(x: Tensor) -> Tensor:
-            return torch.cat([m._group.output(m._index, x, x) for m in linears], dim=-1)
+    if not whole:  # each its group's rows (a group's product computed once per call)
+        def linear(x: Tensor) -> Tensor:
+            y = torch.cat([m._group.output(m._index, x, x) for m in linears], dim=-1)
+            return y if bias is None else y.add_(bias)
+
+        return linear
+    # Int8Group.product, flat: a step makes four of these calls per layer, and each Python
+    # call between the tensor operations costs (0.5 ms a SmolLM2 step, measured)
+    group = linears[0]._group
+    single = group.packed[0] if len(group.packed) == 1 else None
+    columns, exact_t, coefficients = group.columns, group.exact_t, _one_row_coefficients()
+    held: list = [None, None]  # (batch size, its buffer)
 
     def linear(x: Tensor) -> Tensor:
-        y = product(x)  # (B, sum of out)
+        m = x.shape[0]
+        stacked = held[1] if held[0] == m else None
+        if stacked is None:
+            stacked = _stacked(scratch, m, x.shape[1])
+            held[:] = m, stacked
+        a = stacked.fill(x)  # (B, 1)
+        if single is None:
+            y = _products(stacked.rows, group.packed)
+        else:
+            with torch._C.DisableTorchFunctionSubclass():  # (see _products)
+                y = _KERNEL(stacked.rows, 1.0, _ZERO_POINT, single)  # (2B, N)
+        y = torch.mm(a * coefficients, y) if m == 1 else _combine(y, a)  # (B, N)
+        if columns is not None:
+            y.addmm_(x.index_select(1, columns), exact_t)  # + x[:, U] W[:, U]^T
         return y if bias is None else y.add_(bias)
 
     return linear
