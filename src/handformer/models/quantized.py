@@ -22,9 +22,8 @@ fell to 56 % on SmolLM2):
    outliers do not coarsen the grid of the others);
 2. ``k_m = round(u_m)``, integers in ``[-127, 127]``;
 3. ``r_m = 128 (u_m - k_m)``, the rounding error, within ``[-64, 64]``;
-4. one product of ``[k; g; r]`` with the int8 weight (``g``: two rows ``-127.5`` and
-   ``+127.5`` at column 0, which pin the kernel's input range, so that it picks scale 1 and
-   zero point 128 and ``k`` quantizes with no error), and
+4. one product of ``[k; r]`` with the int8 weight, the kernel told the input's scale (1) and
+   zero point (128), so that ``k`` quantizes with no error, and
    ``y_m = a_m / 127.5 (Y[k_m] + Y[r_m] / 128)``.
 
 So the input error is at most ``a_m / (255 * 128)`` per entry (half a step of ``r``'s grid,
@@ -33,10 +32,15 @@ the dequantized weight ``W~`` (plus float32 rounding): tested. The weight is rea
 call, as in a one-row product, where an earlier version of this module made two products
 per layer.
 
-**The kernel** is PyTorch's own ``torch.ops.quantized.linear_dynamic`` (FBGEMM, VNNI on x86):
+**The kernel** is PyTorch's own FBGEMM int8 linear (VNNI on x86), in the form that takes the
+input's quantization parameters (``quantized.linear_with_input_q_dq_qweight_dq_output_fp32``;
+``linear_dynamic``, the same product, would choose them itself from the input's range):
 measured on this project's 2-core host, one thread, it multiplies SmolLM2's 1,536 x 576 MLP
 matrix by one row in 27 us and its 49,152 x 576 LM head in 0.8 ms (float32: 70 us and
-10.3 ms); over 512 rows 2.4 ms against float32's 9.7 ms. Every other kernel measured was
+10.3 ms); over 512 rows 2.4 ms against float32's 9.7 ms. Called through ``torch.ops``, each
+call also cost some 10 us of Python and an exception raised and caught inside torch (the
+``__torch_function__`` lookup on the packed weight, a ``torch.ScriptObject``): it is called
+past both (:func:`_products`), 3.4 us a call. Every other kernel measured was
 slower at one row: torch's weight-only ``_weight_int8pack_mm`` (0.05 ms and 4.4 ms with
 bfloat16 activations; 0.7 ms and 24 ms with float32 ones), its 4-bit
 ``_weight_int4pack_mm_for_cpu`` (0.06 ms and 2.0 ms, bfloat16), oneDNN's
