@@ -183,7 +183,11 @@ class _Stacked:
         then ``k = round(u)`` and ``r = 128 u - 128 k`` (exact: the same bits as
         ``128 (u - k)``)."""
         a = x.abs().amax(dim=-1, keepdim=True).clamp_min_(_TINY)  # (m, 1)
-        torch.div(x, a / _divisors(), out=self.both)  # (2, m, K): u, 128 u
+        if a.requires_grad:  # under autograd: the rows are constants (out= refuses a graph)
+            x, scale = x.detach(), a.detach()
+        else:
+            scale = a
+        torch.div(x, scale / _divisors(), out=self.both)  # (2, m, K): u, 128 u
         self.integers.round_().clamp_(*_INTEGERS)  # integers in [-127, 127]
         self.residuals.add_(self.integers, alpha=-RESIDUAL_SCALE)  # within [-64, 64]
         return a
