@@ -21,7 +21,12 @@ SmolLM2 alone, short runs), float32 and int8 loaded from the same file:
    weights reaches in the same run, one thread;
 6. llama.cpp on the same file: ``LLAMA_BENCH=/path/to/llama-bench`` measures it in this run
    (CPU time per generated token, from two run lengths, so that loading drops out; 1 and 2
-   threads), else the figures measured on this host for the issue (1 thread).
+   threads), in each round of 3., the minimum as for ours (a shared host's speed drifts over
+   minutes: measured once, after ours, SmolLM2's was 10.8 and 14.8 ms within one hour); else
+   the figures measured on this host for the issue (1 thread).
+
+``bench_llm.py --int8 --decode-only [--threads 2]`` measures only the decoding rows (3. and
+6.) again and keeps the section's other figures: for a quiet window.
 """
 
 from __future__ import annotations
@@ -188,16 +193,21 @@ def decode_row(name: str, fp: torch.nn.Module, q8: torch.nn.Module, ids: torch.T
     (the minimum over rounds), and llama.cpp on the same file."""
     from handformer.pretrained.gguf.shipped import shipped_path
 
-    torch.set_num_threads(threads)
     runs: dict[str, list[tuple[float, float]]] = {"float32": [], "int8": []}
-    for _ in range(ROUNDS):
+    llama = []
+    for _ in range(ROUNDS):  # llama.cpp in every round too: the host drifts over minutes
+        torch.set_num_threads(threads)
         for label, model in (("float32", fp), ("int8", q8)):
             runs[label].append(decode_ms(model, ids))
-    torch.set_num_threads(1)
+        torch.set_num_threads(1)
+        llama.append(llama_cpp(shipped_path(name), threads))
+    cpu = [r["cpu_ms"] for r in llama if r is not None and r["cpu_ms"] is not None]
+    wall = [r["wall_ms"] for r in llama if r is not None]
     return {"threads": threads,
             "decode_cpu_ms": {k: min(c for c, _ in v) for k, v in runs.items()},
             "decode_wall_ms": {k: min(w for _, w in v) for k, v in runs.items()},
-            "llama_cpp": llama_cpp(shipped_path(name), threads)}
+            "llama_cpp": {"cpu_ms": min(cpu) if cpu else None, "wall_ms": min(wall)}
+            if wall else None}
 
 
 def bench_model(name: str) -> dict:
@@ -294,11 +304,12 @@ def markdown(data: dict) -> list[str]:
     lines = ["## int8 (`quantize=\"int8\"`) on the shipped GGUF models", "",
              f"Load average {start:.1f} at the start, {end:.1f} at the end. Decode: ms per "
              f"new token after {CONTEXT} tokens, the minimum of {ROUNDS} rounds, CPU time "
-             "(wall time in brackets); llama.cpp: measured in this run where a figure has "
-             "(run), else the issue's figure on this host (1 thread), CPU time at 1 thread "
-             "and wall time at 2 (its threads spin while they wait, so its CPU time at 2 "
-             "says little), compared with ours of the same kind. The floor: bytes per token "
-             "over the bandwidth of a float32 matrix-vector sweep in this run."
+             "(wall time in brackets); llama.cpp: measured in this run (in each round, the "
+             "minimum) where a figure has (run), else the issue's figure on this host (1 "
+             "thread), CPU time at 1 thread and wall time at 2 (its threads spin while they "
+             "wait, so its CPU time at 2 says little), compared with ours of the same kind. "
+             "The floor: bytes per token over the bandwidth of a float32 matrix-vector sweep "
+             "in this run."
              + "".join(f" Decode rows at {', '.join(map(str, r['threads']))} thread(s) "
                        f"measured again alone on {r['date']} (load average "
                        f"{r['load_average_start'][0]:.1f} at the start, "

@@ -532,7 +532,28 @@ def section_llm(data: dict) -> list[str]:
         out.append(f"- `load_lm` in a fresh process: {mem['seconds']:.1f} s, peak RSS growth "
                    f"{mem['growth_over_model']:.2f}x the model's "
                    f"{mem['model_bytes'] / 1e6:.0f} MB.")
+    out += _int8_lines(data.get("int8"), ok)
     return out + ["", reproduce("bench_llm.py"), ""]
+
+
+def _int8_lines(int8: dict | None, ok: dict) -> list[str]:
+    """Section 6 of ``bench_llm.py`` (``llm_int8.py``): int8 decoding against llama.cpp."""
+    if not int8:
+        return []
+    goal = int8["goals"]["decode_vs_llama_cpp"]
+    out = []
+    for m in int8["models"]:
+        for r in m["threads"]:
+            one = r["threads"] == 1  # CPU time at one thread, wall time at two (llm_int8.py)
+            ours = r["decode_cpu_ms" if one else "decode_wall_ms"]["int8"]
+            ref = (r["llama_cpp"] or {}).get("cpu_ms" if one else "wall_ms")
+            vs = (f" against llama.cpp's {ref:.1f}, {ours / ref:.2f}x (goal ≤ {goal}, "
+                  f"{ok[ours / ref <= goal]})" if ref else "")
+            out.append(f"- int8 (`quantize=\"int8\"`), {m['model']}, {r['threads']} "
+                       f"thread(s): {ours:.1f} ms/token {'CPU' if one else 'wall'}{vs}; "
+                       f"float32 {r['decode_cpu_ms' if one else 'decode_wall_ms']['float32']:.1f}.")
+    return out + ["  (`results/llm.md`, section int8, has the load averages, prefill, memory "
+                  "and agreement.)"]
 
 
 SECTIONS: list[tuple[str, str, Callable[[dict], list[str]]]] = [

@@ -407,3 +407,16 @@ def test_torch_function_modes_still_see_the_kernel():
     with Watch():
         layer(torch.randn(1, 16))
     assert any("quantized." in name for name in seen), seen
+
+
+def test_a_layer_runs_under_autograd_as_before():
+    """Inputs that require grad (a float model's norms feed an int8 layer outside
+    ``torch.no_grad``): the kernel's rows are written in place, which autograd refuses for
+    tensors in its graph, so they are written from detached inputs; the output is the same."""
+    g = torch.Generator().manual_seed(17)
+    layer = Int8Linear(torch.randn(8, 16, generator=g), torch.randn(8, generator=g))
+    x = torch.randn(3, 16, generator=g, requires_grad=True)
+    out = layer(x)
+    with torch.inference_mode():
+        ref = layer(x.detach())
+    assert torch.equal(out.detach(), ref)

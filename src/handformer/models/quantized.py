@@ -22,9 +22,8 @@ fell to 56 % on SmolLM2):
    outliers do not coarsen the grid of the others);
 2. ``k_m = round(u_m)``, integers in ``[-127, 127]``;
 3. ``r_m = 128 (u_m - k_m)``, the rounding error, within ``[-64, 64]``;
-4. one product of ``[k; g; r]`` with the int8 weight (``g``: two rows ``-127.5`` and
-   ``+127.5`` at column 0, which pin the kernel's input range, so that it picks scale 1 and
-   zero point 128 and ``k`` quantizes with no error), and
+4. one product of ``[k; r]`` with the int8 weight, the kernel told the input's scale (1) and
+   zero point (128), so that ``k`` quantizes with no error, and
    ``y_m = a_m / 127.5 (Y[k_m] + Y[r_m] / 128)``.
 
 So the input error is at most ``a_m / (255 * 128)`` per entry (half a step of ``r``'s grid,
@@ -33,10 +32,15 @@ the dequantized weight ``W~`` (plus float32 rounding): tested. The weight is rea
 call, as in a one-row product, where an earlier version of this module made two products
 per layer.
 
-**The kernel** is PyTorch's own ``torch.ops.quantized.linear_dynamic`` (FBGEMM, VNNI on x86):
+**The kernel** is PyTorch's own FBGEMM int8 linear (VNNI on x86), in the form that takes the
+input's quantization parameters (``quantized.linear_with_input_q_dq_qweight_dq_output_fp32``;
+``linear_dynamic``, the same product, would choose them itself from the input's range):
 measured on this project's 2-core host, one thread, it multiplies SmolLM2's 1,536 x 576 MLP
 matrix by one row in 27 us and its 49,152 x 576 LM head in 0.8 ms (float32: 70 us and
-10.3 ms); over 512 rows 2.4 ms against float32's 9.7 ms. Every other kernel measured was
+10.3 ms); over 512 rows 2.4 ms against float32's 9.7 ms. Called through ``torch.ops``, each
+call also cost some 10 us of Python and an exception raised and caught inside torch (the
+``__torch_function__`` lookup on the packed weight, a ``torch.ScriptObject``): it is called
+past both (:func:`_products`), 3.4 us a call. Every other kernel measured was
 slower at one row: torch's weight-only ``_weight_int8pack_mm`` (0.05 ms and 4.4 ms with
 bfloat16 activations; 0.7 ms and 24 ms with float32 ones), its 4-bit
 ``_weight_int4pack_mm_for_cpu`` (0.06 ms and 2.0 ms, bfloat16), oneDNN's
@@ -179,10 +183,22 @@ class _Stacked:
         then ``k = round(u)`` and ``r = 128 u - 128 k`` (exact: the same bits as
         ``128 (u - k)``)."""
         a = x.abs().amax(dim=-1, keepdim=True).clamp_min_(_TINY)  # (m, 1)
-        torch.div(x, a / _divisors(), out=self.both)  # (2, m, K): u, 128 u
+        if a.requires_grad:  # under autograd: the rows are constants (out= refuses a graph)
+            x, scale = x.detach(), a.detach()
+        else:
+            scale = a
+        torch.div(x, scale / _divisors(), out=self.both)  # (2, m, K): u, 128 u
         self.integers.round_().clamp_(*_INTEGERS)  # integers in [-127, 127]
         self.residuals.add_(self.integers, alpha=-RESIDUAL_SCALE)  # within [-64, 64]
         return a
+
+
+def _stacked(scratch: dict, m: int, k: int) -> _Stacked:
+    """The buffer ``scratch`` holds for ``m`` rows of ``k`` features (made on first use)."""
+    stacked = scratch.get((m, k))
+    if stacked is None:
+        stacked = scratch[m, k] = _Stacked(m, k)
+    return stacked
 
 
 def _combine(y: Tensor, a: Tensor) -> Tensor:
@@ -258,12 +274,7 @@ class Int8Group:
         ``scratch``: where the kernel's inputs are kept from call to call, ``(M, K)`` ->
         their buffer (the decoding step's, one per step: a buffer is written at every
         call); None: a new one."""
-        m, k = x.shape
-        stacked = None if scratch is None else scratch.get((m, k))
-        if stacked is None:
-            stacked = _Stacked(m, k)
-            if scratch is not None:
-                scratch[m, k] = stacked
+        stacked = _stacked({} if scratch is None else scratch, *x.shape)
         a = stacked.fill(x)  # (M, 1)
         y = _combine(_products(stacked.rows, self.packed), a)  # (M, N)
         if self.columns is not None:
@@ -440,14 +451,34 @@ def int8_step_linear(*linears: Int8Linear, scratch: dict | None = None
     bias = None if all(b is None for b in biases) else torch.cat([
         b.detach() if b is not None else torch.zeros(m.out_features)
         for m, b in zip(linears, biases, strict=True)])
-    if whole:
-        product = functools.partial(linears[0]._group.product, scratch=scratch)
-    else:  # each its group's rows (a group's product computed once per call)
-        def product(x: Tensor) -> Tensor:
-            return torch.cat([m._group.output(m._index, x, x) for m in linears], dim=-1)
+    if not whole:  # each its group's rows (a group's product computed once per call)
+        def linear(x: Tensor) -> Tensor:
+            y = torch.cat([m._group.output(m._index, x, x) for m in linears], dim=-1)
+            return y if bias is None else y.add_(bias)
+
+        return linear
+    # Int8Group.product, flat: a step makes four of these calls per layer, and each Python
+    # call between the tensor operations costs (0.5 ms a SmolLM2 step, measured)
+    group = linears[0]._group
+    single = group.packed[0] if len(group.packed) == 1 else None
+    columns, exact_t, coefficients = group.columns, group.exact_t, _one_row_coefficients()
+    held: list = [None, None]  # (batch size, its buffer)
 
     def linear(x: Tensor) -> Tensor:
-        y = product(x)  # (B, sum of out)
+        m = x.shape[0]
+        stacked = held[1] if held[0] == m else None
+        if stacked is None:
+            stacked = _stacked(scratch, m, x.shape[1])
+            held[:] = m, stacked
+        a = stacked.fill(x)  # (B, 1)
+        if single is None:
+            y = _products(stacked.rows, group.packed)
+        else:
+            with torch._C.DisableTorchFunctionSubclass():  # (see _products)
+                y = _KERNEL(stacked.rows, 1.0, _ZERO_POINT, single)  # (2B, N)
+        y = torch.mm(a * coefficients, y) if m == 1 else _combine(y, a)  # (B, N)
+        if columns is not None:
+            y.addmm_(x.index_select(1, columns), exact_t)  # + x[:, U] W[:, U]^T
         return y if bias is None else y.add_(bias)
 
     return linear
