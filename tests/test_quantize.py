@@ -420,3 +420,19 @@ def test_a_layer_runs_under_autograd_as_before():
     with torch.inference_mode():
         ref = layer(x.detach())
     assert torch.equal(out.detach(), ref)
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_a_matrix_in_pieces_gives_the_bits_of_one_piece(rows: int, monkeypatch):
+    """A matrix packed in several pieces (Gemma 3's LM head: six) gives the bits of the same
+    matrix in one piece, each piece's products combined into its own columns."""
+    from handformer.models import quantized
+
+    g = torch.Generator().manual_seed(23)
+    w, b = torch.randn(70, 32, generator=g), torch.randn(70, generator=g)
+    whole = Int8Linear(w, b)
+    monkeypatch.setattr(quantized, "_PIECE_BYTES", 32 * 16)  # 16 rows a piece: 5 pieces
+    pieces = Int8Linear(w, b)
+    assert len(whole._packed) == 1 and len(pieces._packed) == 5
+    x = torch.randn(rows, 32, generator=g) * 3
+    assert torch.equal(pieces(x), whole(x))

@@ -228,6 +228,29 @@ def _products(stacked: Tensor, pieces: Iterable[object]) -> Tensor:
     return ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)
 
 
+def _combined_products(stacked: Tensor, pieces: tuple[object, ...], rows: tuple[int, ...],
+                       a: Tensor) -> Tensor:
+    """``_combine(_products(stacked, pieces), a)``, the same bits, each piece's products
+    combined straight into its columns of the ``(M, N)`` output.
+
+    For many rows and several pieces (a prompt through Gemma 3's 262,144-row LM head, 6
+    pieces): the side-by-side ``(2M, N)`` products of :func:`_products` are never made, a
+    copy of 1 GB for 512 tokens there (about 0.45 s of the 4.4 s forward, measured)."""
+    m = a.shape[0]
+    if m == 1 or len(pieces) == 1:
+        return _combine(_products(stacked, pieces), a)
+    out = torch.empty(m, sum(rows))  # (M, N)
+    scale = a / _HALF  # (M, 1)
+    at = 0
+    with torch._C.DisableTorchFunctionSubclass():  # (see _products)
+        for piece, n in zip(pieces, rows, strict=True):
+            y = _KERNEL(stacked, 1.0, _ZERO_POINT, piece)  # (2M, n): rows k, then rows r
+            part = out[:, at:at + n]  # (M, n), a view of its columns
+            torch.add(y[:m], y[m:], alpha=1.0 / RESIDUAL_SCALE, out=part).mul_(scale)
+            at += n
+    return out
+
+
 # ---- modules ------------------------------------------------------------------------------
 
 
@@ -276,7 +299,7 @@ class Int8Group:
         call); None: a new one."""
         stacked = _stacked({} if scratch is None else scratch, *x.shape)
         a = stacked.fill(x)  # (M, 1)
-        y = _combine(_products(stacked.rows, self.packed), a)  # (M, N)
+        y = _combined_products(stacked.rows, self.packed, self.rows, a)  # (M, N)
         if self.columns is not None:
             y.addmm_(x.index_select(1, self.columns), self.exact_t)  # + x[:, U] W[:, U]^T
         return y
