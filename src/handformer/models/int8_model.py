@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+import torch
 from torch import Tensor, nn
 
 from handformer.layers import projection_groups
+from handformer.models.int4 import Int4Linear, int4_eligible
 from handformer.models.int8_weights import (
     QuantizedRows,
     quantize_tensor,
@@ -25,7 +27,7 @@ from handformer.models.int8_weights import (
 )
 from handformer.models.quantized import Int8Linear
 
-__all__ = ["Int8Embedding", "FileEmbedding", "Int8Installer", "quantize_model"]
+__all__ = ["Int8Embedding", "FileEmbedding", "Int8Installer", "int4_names", "quantize_model"]
 
 
 class Int8Embedding(nn.Module):
@@ -133,10 +135,18 @@ class Int8Installer:
 
     Args:
         model: the model, its parameters still on ``meta``.
+        quantize: ``"int8"``, or ``"int4"``: the projections the 4-bit kernel takes become
+            :class:`~handformer.models.int4.Int4Linear` layers (:func:`int4_names`), the
+            rest as with ``"int8"``.
+        wider: with ``"int4"``, projections whose checkpoint holds more than 4 bits a weight
+            (a GGUF file's Q5_0, Q6_K, Q8_0, float tensors): they stay int8, as does the rest
+            of their group.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, quantize: str = "int8", *,
+                 wider: set[str] | frozenset[str] = frozenset()) -> None:
         self.model = model
+        self._int4 = int4_names(model, wider) if quantize == "int4" else set()
         head, embedding = getattr(model, "lm_head", None), getattr(model, "tok_emb", None)
         self._tied = (type(head) is nn.Linear and type(embedding) is nn.Embedding
                       and head.weight is embedding.weight)
@@ -179,9 +189,10 @@ class Int8Installer:
         """
         if not self.wants(name):
             return False
-        weight = quantize_weight(read, tuple(shape))
         owner = name.rpartition(".")[0]
         module = self.model.get_submodule(owner)
+        weight = (_gathered(read, tuple(shape)) if owner in self._int4  # float, for int4
+                  else quantize_weight(read, tuple(shape)))
         if type(module) is nn.Embedding:
             if self._tied:
                 _replace(self.model, "lm_head", Int8Linear.from_int8(weight))
@@ -190,6 +201,8 @@ class Int8Installer:
         elif owner in self._group_of:
             self._waiting[owner] = weight
             self._install_group(self._group_of[owner])
+        elif owner in self._int4:
+            _replace(self.model, owner, Int4Linear(weight, module.bias))
         else:
             _replace(self.model, owner, Int8Linear.from_int8(weight, module.bias))
         del weight
@@ -201,7 +214,8 @@ class Int8Installer:
         if not present or (len(present) < len(names) and not partial):
             return
         biases = [self.model.get_submodule(n).bias for n in present]  # loaded later
-        layers = Int8Linear.group([self._waiting.pop(n) for n in present], biases)
+        kind = Int4Linear if present[0] in self._int4 else Int8Linear  # a group is one kind
+        layers = kind.group([self._waiting.pop(n) for n in present], biases)
         for name, layer in zip(present, layers, strict=True):
             _replace(self.model, name, layer)
 
@@ -221,6 +235,32 @@ class Int8Installer:
                  else Int8Linear(embedding.weight))
 
 
+def int4_names(model: nn.Module, wider: set[str] | frozenset[str] = frozenset()
+               ) -> set[str]:
+    """The ``nn.Linear`` projections of ``model`` that ``quantize="int4"`` makes 4-bit: every
+    one but the LM head whose weight the kernel takes and that is not in ``wider`` (a group
+    of projections that read one input: all of them or none, by their packed shape); see
+    :mod:`handformer.models.int4`."""
+    grouped = {n: names for names in _group_names(model) for n in names}
+    linears = {n: m for n, m in model.named_modules() if type(m) is nn.Linear}
+    picked = set()
+    for name, module in linears.items():
+        names = grouped.get(name, (name,))
+        out = sum(linears[n].out_features for n in names)
+        if (name != "lm_head" and not wider.intersection(names)
+                and int4_eligible(out, module.in_features)):
+            picked.add(name)
+    return picked
+
+
+def _gathered(read: Callable[[], Iterable], shape: tuple[int, ...]) -> Tensor:
+    """The float32 weight of ``shape`` from ``read()``'s ``(rows, values)`` chunks."""
+    weight = torch.empty(shape)
+    for rows, values in read():
+        weight[rows] = values
+    return weight
+
+
 def _group_names(model: nn.Module) -> list[tuple[str, ...]]:
     """The names of each group of ``nn.Linear`` projections that read one input (q/k/v,
     gate/up: :func:`~handformer.layers.projection_groups`) with one input size."""
@@ -235,7 +275,7 @@ def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent) if parent else model, child, new)
 
 
-def quantize_model(model: nn.Module) -> nn.Module:
+def quantize_model(model: nn.Module, quantize: str = "int8") -> nn.Module:
     """Swap every ``nn.Linear`` of ``model`` (in place) for an :class:`Int8Linear` (the
     projections that read one input packed together) and its ``tok_emb`` (an
     ``nn.Embedding``, if it has one) for an :class:`Int8Embedding`, one at a time; a head
@@ -245,10 +285,13 @@ def quantize_model(model: nn.Module) -> nn.Module:
 
     Args:
         model: the model (float32, on the CPU).
+        quantize: ``"int8"``, or ``"int4"``: the projections of :func:`int4_names` become
+            :class:`~handformer.models.int4.Int4Linear` layers instead.
 
     Returns:
         ``model``.
     """
+    int4 = int4_names(model) if quantize == "int4" else set()
     embedding = getattr(model, "tok_emb", None)
     tied = set()
     if type(embedding) is nn.Embedding:
@@ -257,14 +300,18 @@ def quantize_model(model: nn.Module) -> nn.Module:
         _replace(model, "tok_emb", Int8Embedding.from_embedding(embedding))
     for names in _group_names(model):
         modules = [model.get_submodule(n) for n in names]
-        layers = Int8Linear.group([quantize_tensor(m.weight) for m in modules],
-                                  [m.bias for m in modules])
+        if names[0] in int4:
+            layers = Int4Linear.group([m.weight for m in modules], [m.bias for m in modules])
+        else:
+            layers = Int8Linear.group([quantize_tensor(m.weight) for m in modules],
+                                      [m.bias for m in modules])
         for name, layer in zip(names, layers, strict=True):
             _replace(model, name, layer)
     names = [n for n, m in model.named_modules() if type(m) is nn.Linear]
     for name in names:
         module = model.get_submodule(name)
         new = (model.tok_emb.head() if name in tied and module.bias is None
+               else Int4Linear.from_linear(module) if name in int4
                else Int8Linear.from_linear(module))
         _replace(model, name, new)
     return model

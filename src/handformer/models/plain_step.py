@@ -163,14 +163,14 @@ def plain_step_refusal(model: nn.Module, cache: DecodingCache | None) -> str | N
 
 
 def _linear(make: StepLinears, module: nn.Linear) -> Linear:
-    if type(module) is Int8Linear:  # its own int8 product (:mod:`handformer.models.quantized`)
+    if isinstance(module, Int8Linear):  # its own int8 (or int4) product (models.quantized)
         return int8_step_linear(module, scratch=make.int8_scratch)
     return make(module.weight, module.bias)
 
 
 def _packed(make: StepLinears, *modules: nn.Linear) -> Linear | None:
-    if any(type(m) is Int8Linear for m in modules):  # int8: the input prepared once
-        if all(type(m) is Int8Linear for m in modules) and \
+    if any(isinstance(m, Int8Linear) for m in modules):  # int8: the input prepared once
+        if all(isinstance(m, Int8Linear) for m in modules) and \
                 len({m.in_features for m in modules}) == 1:
             return int8_step_linear(*modules, scratch=make.int8_scratch)
         return None

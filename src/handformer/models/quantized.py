@@ -71,7 +71,7 @@ from handformer.models.int8_weights import QuantizedRows, quantize_tensor, relea
 __all__ = ["Int8Linear", "Int8Group", "check_quantize", "int8_step_linear", "QUANTIZE_CHOICES",
            "RESIDUAL_SCALE"]
 
-QUANTIZE_CHOICES = ("int8",)
+QUANTIZE_CHOICES = ("int8", "int4")
 RESIDUAL_SCALE = 128.0  # r = 128 (x^ - c): a power of two, so scaling back adds no rounding
 _TINY = 1e-30  # a row of zeros is divided by this, not by 0
 # Weights are packed for FBGEMM in pieces of at most this many bytes (a piece is copied once
@@ -480,9 +480,17 @@ def int8_step_linear(*linears: Int8Linear, scratch: dict | None = None
             return y if bias is None else y.add_(bias)
 
         return linear
+    group = linears[0]._group
+    if type(group) is not Int8Group:  # another format's group (int4): its own product
+        product = group.product
+
+        def linear(x: Tensor) -> Tensor:
+            y = product(x)  # (B, sum of out)
+            return y if bias is None else y.add_(bias)
+
+        return linear
     # Int8Group.product, flat: a step makes four of these calls per layer, and each Python
     # call between the tensor operations costs (0.5 ms a SmolLM2 step, measured)
-    group = linears[0]._group
     single = group.packed[0] if len(group.packed) == 1 else None
     columns, exact_t, coefficients = group.columns, group.exact_t, _one_row_coefficients()
     held: list = [None, None]  # (batch size, its buffer)

@@ -190,7 +190,14 @@ def build_causal_lm(hf_config: Mapping[str, object], state: Mapping[str, Tensor]
                                         checked.canonical)
     header, holder, plan = checked.header, checked.holder, checked.plan
     aliases = {name: group[0] for group in _alias_groups(holder) for name in group}
-    installer = Int8Installer(model) if quantize else None  # int8: no float slots to fill
+    wider = set()  # int4: projections a GGUF file stores in more than 4 bits stay int8
+    four_bit = getattr(state, "four_bit", None)
+    if quantize == "int4" and four_bit is not None:
+        for file_key, target, _ in plan:
+            if not four_bit(file_key):
+                wider.update(k.rpartition(".")[0] for k, _ in _targets(canonical[aliases[target]]))
+    installer = (Int8Installer(model, quantize, wider=wider) if quantize
+                 else None)  # no float slots to fill
     slots = {} if installer else _packed_slots(model, dtype, where)
     values: dict[str, Tensor] = {}
     read_into = getattr(state, "read_into", None)  # a state that can fill a slot itself
@@ -524,7 +531,7 @@ def _load(source: str | os.PathLike, *, dtype: torch.dtype | None, device: objec
         if attention is not None:
             swap_attention(model, attention)
         if quantize:  # a handformer run is read whole; quantized afterwards
-            quantize_model(model)
+            quantize_model(model, quantize)
         model.eval()
     else:
         family_for(model_type)  # an unknown type is named before the weights are read

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from gguf.constants import GGUFValueType
+from gguf.constants import GGMLQuantizationType, GGUFValueType
 
 from handformer.checks import MAX_INT
 from handformer.pretrained.families import GGUF_FAMILIES, Family, gguf_family_for
@@ -493,6 +493,8 @@ def gguf_state(file: GGUFFile | str | os.PathLike, *, dtype: torch.dtype = torch
 
 # read_rows' chunks: 1 MB of float32 (gguf.quants makes a few temporaries of that size)
 _ROWS_CHUNK_VALUES = 1 << 18
+_FOUR_BIT = frozenset({GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1,
+                       GGMLQuantizationType.Q4_K})
 
 
 class GGUFState(Mapping):
@@ -565,6 +567,12 @@ class GGUFState(Mapping):
                                               chunk_values=_ROWS_CHUNK_VALUES):
             yield (rows if isinstance(rows, slice) else torch.from_numpy(rows),
                    torch.from_numpy(values))
+
+    def four_bit(self, name: str) -> bool:
+        """Whether the file stores ``state[name]`` in 4-bit blocks (Q4_0, Q4_1, Q4_K): what
+        ``quantize="int4"`` keeps; a tensor stored wider stays int8 there."""
+        info = self._file.tensors[self._where[name][0]]
+        return info.ggml_type in _FOUR_BIT
 
     def row_source(self, name: str) -> GGUFRows | None:
         """The rows of ``state[name]`` read from the file when looked up

@@ -1,0 +1,179 @@
+"""4-bit weights (``load_lm(..., quantize="int4")``): groups of 32 weights of a row share a
+scale and a zero, the values are 4-bit integers, the product is torch's own 4-bit CPU kernel.
+
+The format. Row ``n`` of a weight ``W: (N, K)`` is cut into groups of ``GROUP`` (32)
+consecutive columns; a group's weights are ``w = (q - 8) s + z`` with ``q`` in ``0..15`` and
+``s``, ``z`` bfloat16 (the kernel's own format). Quantizing takes the group's minimum ``lo``
+and maximum ``hi``: ``s = (hi - lo) / 15`` and ``z = lo + 8 s``, both rounded to bfloat16,
+then ``q = round((w - z) / s) + 8``, clamped. That is llama.cpp's Q4_1 (``w = d q + m``, one
+``d`` and ``m`` per 32 values), so a weight read from a Q4_1 GGUF file gets its own 4-bit
+values back: ``s`` is the file's ``d`` and ``z`` its ``m + 8 d``, up to their rounding to
+bfloat16 (tested against ``gguf.quants``). Other weights (float checkpoints, GGUF files of
+other types) are quantized from their values, which costs more than int8's rounding.
+
+The product. ``torch.ops.aten._weight_int4pack_mm_for_cpu`` multiplies bfloat16 activations
+by the packed weight (AVX512-BF16 where the CPU has it); the layer casts its float32 input to
+bfloat16 and the result back, so hooks and the residual stream stay float32. Measured on this
+project's 2-core host over SmolLM2's 120 layer matrices, one row: 6.7 ms at one thread and 4.0
+at two, where FBGEMM's int8 reads twice the bytes (8.2 and 7.3 ms), and each product is three
+operations where int8's exact-input scheme makes thirteen. With float32 activations the same
+kernel is ~30x slower, and float16 as slow: only bfloat16 is offered. Its cost is precision:
+inputs and outputs rounded to bfloat16's 8 bits (int8's inputs keep about 15).
+
+What goes 4-bit: every ``nn.Linear`` projection whose input size is a multiple of 32 and
+whose (packed) output size a multiple of 16 (the kernel's rules), except the LM head, which
+stays int8 (:mod:`handformer.models.quantized`) as llama.cpp keeps its output matrix at 6 or
+8 bits; the token embedding is int8's too.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+from handformer.models.quantized import Int8Group, Int8Linear
+
+__all__ = ["GROUP", "Int4Group", "Int4Linear", "int4_eligible", "quantize_int4"]
+
+GROUP = 32  # weights per scale and zero, along a row
+_LEVELS = 15  # q in 0..15
+_MIDDLE = 8  # w = (q - 8) s + z: the kernel's convention (tested)
+_OUT_MULTIPLE = 16  # the kernel packs rows in blocks of 16
+_KERNEL = torch.ops.aten._weight_int4pack_mm_for_cpu
+_PACK = torch.ops.aten._convert_weight_to_int4pack_for_cpu
+
+
+def int4_eligible(out_features: int, in_features: int) -> bool:
+    """Whether the kernel takes a ``(out_features, in_features)`` weight: the input size a
+    multiple of ``GROUP`` and the output size of 16."""
+    return in_features % GROUP == 0 and out_features % _OUT_MULTIPLE == 0 and in_features > 0
+
+
+def quantize_int4(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """The 4-bit form of a float ``(N, K)`` weight (see the module doc).
+
+    Returns:
+        ``(q, scales_and_zeros)``: ``q`` ``(N, K)`` int32 in ``0..15``; ``(K / 32, N, 2)``
+        bfloat16, each group's ``s`` and ``z`` (the kernel's layout).
+
+    Raises:
+        ValueError: for a weight the kernel cannot take (see :func:`int4_eligible`) or one
+            with inf or NaN entries.
+    """
+    n, k = weight.shape
+    if not int4_eligible(n, k):
+        raise ValueError(f"int4 needs a weight of (out, in) with in a multiple of {GROUP} and "
+                         f"out of {_OUT_MULTIPLE}, got {tuple(weight.shape)}")
+    if not bool(torch.isfinite(weight).all()):
+        raise ValueError(f"int4: the weight of shape {tuple(weight.shape)} has inf or NaN "
+                         f"entries")
+    groups = weight.detach().float().reshape(n, k // GROUP, GROUP)  # (N, G, 32)
+    lo, hi = groups.amin(dim=-1), groups.amax(dim=-1)  # (N, G) each
+    scale = ((hi - lo) / _LEVELS).to(torch.bfloat16)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # a constant group: q = 8
+    zero = (lo + _MIDDLE * scale.float()).to(torch.bfloat16)  # (N, G)
+    q = ((groups - zero.float()[..., None]) / scale.float()[..., None] + _MIDDLE)
+    q = q.round_().clamp_(0, _LEVELS).to(torch.int32).reshape(n, k)  # (N, G, 32) -> (N, K)
+    scales_and_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
+    return q, scales_and_zeros  # (G, N, 2)
+
+
+@functools.cache
+def _unit(groups: int, n: int) -> Tensor:
+    """``(groups, n, 2)`` bfloat16 of ``s = 1, z = 8``: the kernel then gives ``q`` itself."""
+    unit = torch.ones(groups, n, 2, dtype=torch.bfloat16)
+    unit[..., 1] = _MIDDLE
+    return unit
+
+
+class Int4Group(Int8Group):
+    """The 4-bit weights of one or more projections that read one input (q/k/v, gate/up, or
+    a single layer), packed as one matrix: one product computes them all. What
+    :class:`Int8Group` is for int8 (its bookkeeping, :meth:`output`, is shared).
+
+    Args:
+        weights: each projection's float weight ``(out, in)``, one input size; quantized
+            here (:func:`quantize_int4`), not kept.
+
+    Raises:
+        ValueError: as :func:`quantize_int4`, or for weights of different input sizes.
+    """
+
+    def __init__(self, weights: list[Tensor]) -> None:  # noqa: D107 (the class says it)
+        if len({w.shape[1] for w in weights}) != 1:
+            raise ValueError(f"Int4Group: weights must share one input size (they multiply "
+                             f"one input), got shapes {[tuple(w.shape) for w in weights]}")
+        self.sizes = [w.shape[0] for w in weights]
+        self.in_features = weights[0].shape[1]
+        self.starts = [sum(self.sizes[:i]) for i in range(len(weights))]
+        whole = weights[0] if len(weights) == 1 else torch.cat([w.detach() for w in weights])
+        q, self.scales_and_zeros = quantize_int4(whole)  # (N, K), (G, N, 2)
+        self.packed = _PACK(q, 1)  # (N, K / 2) uint8, the kernel's layout
+        del q
+        self.rows = (sum(self.sizes),)
+        self.own_columns = [None] * len(weights)  # no exact columns: groups of 32 instead
+        self.columns = self.exact_t = None
+        self._last = None
+
+    def product(self, x: Tensor, scratch: dict | None = None) -> Tensor:
+        """``x: (M, in_features)`` float32 -> ``(M, sum of sizes)`` float32, no bias
+        (computed in bfloat16). ``scratch`` is accepted for :class:`Int8Group`'s signature."""
+        y = _KERNEL(x.to(torch.bfloat16), self.packed, GROUP, self.scales_and_zeros)
+        return y.float()  # (M, N)
+
+    def dequantized(self, index: int) -> Tensor:
+        """Projection ``index``'s weight ``(out, in)``, float32: ``(q - 8) s + z``."""
+        start, size = self.starts[index], self.sizes[index]
+        groups = self.in_features // GROUP
+        eye = torch.eye(self.in_features, dtype=torch.bfloat16)
+        q = _KERNEL(eye, self.packed, GROUP, _unit(groups, sum(self.sizes)))  # (K, N): q^T
+        q = q[:, start:start + size].t().float().reshape(size, groups, GROUP)  # (out, G, 32)
+        s, z = self.scales_and_zeros[:, start:start + size].float().unbind(-1)  # (G, out)
+        weight = (q - _MIDDLE) * s.t()[..., None] + z.t()[..., None]  # (out, G, 32)
+        return weight.reshape(size, self.in_features)
+
+
+class Int4Linear(Int8Linear):
+    """``y = x W^T + b`` with ``W`` in 4-bit groups of 32 (see the module doc); ``x`` and
+    ``y`` float32, the product in bfloat16. An :class:`~handformer.models.quantized.Int8Linear`
+    in everything else (hooks, ``.weight`` dequantized, deep copies sharing the weights).
+
+    Args:
+        weight: the float weight ``(out_features, in_features)``; quantized here, not kept.
+        bias: ``(out_features,)`` float bias, or None (kept float32).
+
+    Raises:
+        ValueError: as :func:`quantize_int4`.
+    """
+
+    def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:  # noqa: D107
+        if weight.dim() != 2:
+            raise ValueError(f"Int4Linear needs a 2-D weight (out, in), got shape "
+                             f"{tuple(weight.shape)}")
+        self._setup(Int4Group([weight]), 0, bias)
+
+    @classmethod
+    def group(cls, weights: list[Tensor], biases: list[Tensor | None]  # type: ignore[override]
+              ) -> list[Int4Linear]:
+        """Layers that read one input, their float weights quantized and packed together
+        (an :class:`Int4Group`)."""
+        shared = Int4Group(weights)
+        layers = []
+        for index, bias in enumerate(biases):
+            layer = cls.__new__(cls)
+            layer._setup(shared, index, bias)
+            layers.append(layer)
+        return layers
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear) -> Int4Linear:
+        """The 4-bit version of ``linear`` (its weight quantized, its bias kept)."""
+        return cls(linear.weight, linear.bias)
+
+    def extra_repr(self) -> str:
+        shared = len(self._group.sizes)
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, 4-bit weights in groups of {GROUP}"
+                + (f", packed with {shared - 1} other projection(s)" if shared > 1 else ""))

@@ -1,0 +1,154 @@
+"""4-bit weights (``load_lm(..., quantize="int4")``, handformer.models.int4).
+
+The format against ``gguf.quants``' own Q4_1 (a Q4_1 weight's 4-bit values come back, up to
+the bfloat16 rounding of each group's scale and zero), the product against float64, a tiny
+Llama with int4 and int8 layers side by side (generation with the plain step, the modules and
+a full recompute), the shipped SmolLM2 against float32 on three prompts, and the refusals.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+from safetensors.torch import save_file
+from torch import nn
+
+from handformer.models.int4 import GROUP, Int4Linear, int4_eligible, quantize_int4
+from handformer.models.int8_model import int4_names, quantize_model
+from handformer.models.quantized import Int8Linear, check_quantize
+from handformer.pretrained import load_lm
+
+_BF16_STEP = 2.0 ** -8  # bfloat16 rounds to 8 significant bits: a relative error <= 2^-8
+
+
+def _q4_1(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``w`` through llama.cpp's Q4_1 (``gguf.quants``): its dequantized values, and each
+    group's step ``d`` and minimum (float64, ``(N, K / 32)``), read from those values."""
+    raw = quants.quantize(w.numpy().astype(np.float32), GGMLQuantizationType.Q4_1)
+    values = torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType.Q4_1).copy())
+    groups = values.double().reshape(w.shape[0], -1, GROUP)
+    lo, hi = groups.amin(-1), groups.amax(-1)
+    return values.float(), (hi - lo) / 15, lo
+
+
+def test_a_q4_1_weight_keeps_its_4_bit_values():
+    """Each group's values are ``d q + m``: int4 gets ``q`` back, so its error is only the
+    rounding of ``s = d`` and ``z = m + 8 d`` to bfloat16 (``w = (q - 8) s + z`` is off by
+    ``q (s - d)`` plus ``z``'s own rounding), below a quarter step ``d / 4`` (a 4-bit grid
+    of its own would be off by up to half a step)."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(48, 128, generator=g)
+    values, d, lo = _q4_1(w)
+    layer = Int4Linear(values)
+    err = (layer.weight.double() - values.double()).abs().reshape(48, -1, GROUP)  # (N, G, 32)
+    bound = _BF16_STEP * (15 * d + (lo + 8 * d).abs()) + 1e-6  # (N, G)
+    assert bool((err <= bound[..., None]).all()), float((err / bound[..., None]).max())
+    assert bool((err <= d[..., None] / 4).all())  # the values, not a grid of its own
+
+
+def test_the_product_is_within_bfloat16_of_float64():
+    g = torch.Generator().manual_seed(4)
+    layer = Int4Linear(torch.randn(64, 96, generator=g), torch.randn(64, generator=g))
+    x = torch.randn(5, 96, generator=g) * torch.logspace(-2, 1, 96)
+    out = layer(x)
+    w = layer.weight.double()  # the 4-bit weight, dequantized
+    ref = x.double() @ w.T + layer.bias.double()
+    # inputs and dequantized weights rounded to bfloat16, the sum rounded once more
+    bound = 2 * _BF16_STEP * (x.double().abs() @ w.abs().T) + _BF16_STEP * ref.abs() + 1e-4
+    assert out.dtype == torch.float32 and out.shape == (5, 64)
+    assert bool(((out.double() - ref).abs() <= bound).all())
+
+
+def test_groups_of_projections_and_the_kernel_s_shapes():
+    g = torch.Generator().manual_seed(5)
+    ws = [torch.randn(n, 64, generator=g) for n in (32, 16, 16)]
+    q, k, v = Int4Linear.group(ws, [None, torch.randn(16, generator=g), None])
+    x = torch.randn(3, 64, generator=g)
+    for layer, w in zip((q, k, v), ws, strict=True):
+        alone = Int4Linear(w, layer.bias)
+        torch.testing.assert_close(layer.weight, alone.weight)
+        assert torch.equal(layer(x), alone(x))  # one packed product, the same rows
+    assert int4_eligible(16, 32) and not int4_eligible(8, 32) and not int4_eligible(16, 48)
+    with pytest.raises(ValueError, match=r"int4 needs .* in a multiple of 32 .* \(16, 48\)"):
+        quantize_int4(torch.randn(16, 48))
+    bad = torch.randn(16, 32)
+    bad[3, 4] = float("nan")
+    with pytest.raises(ValueError, match="inf or NaN"):
+        Int4Linear(bad)
+    with pytest.raises(ValueError, match=r"one of \['int8', 'int4'\], got 'int3'"):
+        check_quantize("int3")
+    with pytest.raises(ValueError, match="dtype must be float32"):
+        check_quantize("int4", torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama whose down projection (48 inputs) the 4-bit kernel cannot take."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=48,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=32, tie_word_embeddings=False)
+    folder = tmp_path_factory.mktemp("llama_int4")
+    model = LlamaForCausalLM(config).eval()
+    config.save_pretrained(folder)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()},
+              str(folder / "model.safetensors"))
+    return folder
+
+
+def test_a_model_mixes_int4_and_int8_layers_and_generates(llama_dir: Path):
+    fp, _ = load_lm(llama_dir, tokenizer=False)
+    q, _ = load_lm(llama_dir, tokenizer=False, quantize="int4")
+    kinds = {n: type(m).__name__ for n, m in q.named_modules() if isinstance(m, Int8Linear)}
+    assert kinds["blocks.0.attn.q_proj"] == kinds["blocks.0.mlp.up_proj"] == "Int4Linear"
+    assert kinds["blocks.0.attn.out_proj"] == "Int4Linear"
+    assert kinds["blocks.0.mlp.down_proj"] == "Int8Linear"  # 48 inputs
+    assert kinds["lm_head"] == "Int8Linear"
+    assert int4_names(fp, {"blocks.0.attn.k_proj"}).isdisjoint(  # a group: all or none
+        {"blocks.0.attn.q_proj", "blocks.0.attn.k_proj", "blocks.0.attn.v_proj"})
+    ids = torch.tensor([[3, 14, 15, 9, 26]])
+    with torch.inference_mode():
+        ref, out = fp(ids).logits, q(ids).logits
+        assert float((out - ref).abs().max()) < 0.1 * float(ref.abs().max())
+        torch.testing.assert_close(quantize_model(fp, "int4")(ids).logits, out)
+        cached = q.generate(ids, max_new_tokens=6)  # the plain decoding step
+        modules = q.generate(ids, max_new_tokens=6, plain_step=False)
+        full = q.generate(ids, max_new_tokens=6, use_cache=False)
+    assert torch.equal(cached, full) and torch.equal(modules, full)
+
+
+def test_smollm2_int4_agrees_with_float32(smollm2, smollm2_file):
+    """SmolLM2's file is Q4_1: its layers keep the file's 4-bit values, so int4 differs from
+    the float32 model (the same values, dequantized) by bfloat16 activations alone."""
+    from test_quantize import PROMPTS
+
+    fp, tok = smollm2
+    q4, _ = load_lm(smollm2_file, tokenizer=False, quantize="int4")
+    layers = [m for n, m in q4.named_modules() if n.startswith("blocks.")
+              and isinstance(m, Int8Linear)]
+    assert len(layers) == 7 * 30 and all(type(m) is Int4Linear for m in layers)
+    same = total = 0
+    for text in PROMPTS.values():
+        ids = torch.tensor([tok.encode(text)])
+        with torch.inference_mode():
+            ref, out = fp(ids).logits[0], q4(ids).logits[0]
+        same += int((ref.argmax(-1) == out.argmax(-1)).sum())
+        total += len(ref)
+    assert same / total >= 0.95, same / total
+    w4, w = q4.blocks[5].mlp.down_proj.weight, fp.blocks[5].mlp.down_proj.weight
+    assert float((w4 - w).abs().max()) < 0.02 * float(w.abs().max())  # the file's values
+
+
+def test_a_copy_shares_the_4_bit_weights():
+    import copy
+
+    layer = Int4Linear(torch.randn(32, 64), torch.randn(32))
+    other = copy.deepcopy(nn.Sequential(layer))[0]
+    assert other._group is layer._group and other.bias is not layer.bias
+    assert "4-bit weights in groups of 32" in repr(layer)
