@@ -31,12 +31,14 @@ SmolLM2 alone, short runs), float32 and int8 loaded from the same file:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -187,17 +189,18 @@ def _context_ids(tok: object, n: int) -> torch.Tensor:
     return torch.tensor([(text * (n // len(text) + 1))[:n]])
 
 
-def decode_row(name: str, fp: torch.nn.Module, q8: torch.nn.Module, ids: torch.Tensor,
+def decode_row(name: str, models: dict[str, torch.nn.Module], ids: torch.Tensor,
                threads: int) -> dict:
-    """Greedy decoding at ``threads`` threads, float32 and int8 interleaved round by round
-    (the minimum over rounds), and llama.cpp on the same file."""
+    """Greedy decoding at ``threads`` threads, ``models`` (label -> model: float32, int8,
+    int4) interleaved round by round (the minimum over rounds), and llama.cpp on the same
+    file."""
     from handformer.pretrained.gguf.shipped import shipped_path
 
-    runs: dict[str, list[tuple[float, float]]] = {"float32": [], "int8": []}
+    runs: dict[str, list[tuple[float, float]]] = {label: [] for label in models}
     llama = []
     for _ in range(ROUNDS):  # llama.cpp in every round too: the host drifts over minutes
         torch.set_num_threads(threads)
-        for label, model in (("float32", fp), ("int8", q8)):
+        for label, model in models.items():
             runs[label].append(decode_ms(model, ids))
         torch.set_num_threads(1)
         llama.append(llama_cpp(shipped_path(name), threads))
@@ -214,25 +217,27 @@ def bench_model(name: str) -> dict:
     from handformer.pretrained.gguf.shipped import shipped_path
 
     path = shipped_path(name)
-    memory = {q or "float32": load_memory(path, q) for q in (None, "int8")}
+    memory = {q or "float32": load_memory(path, q) for q in (None, "int8", "int4")}
     torch.set_num_threads(1)
     fp, tok = load_lm(path)
     q8, _ = load_lm(path, tokenizer=False, quantize="int8")
-    agree = agreement(fp, q8, tok)
+    q4, _ = load_lm(path, tokenizer=False, quantize="int4")
+    models = {"float32": fp, "int8": q8, "int4": q4}
+    agree, agree4 = agreement(fp, q8, tok), agreement(fp, q4, tok)
     gbps, fp_bytes = bandwidth(fp)
     q8_bytes = int8_bytes(q8)
     ids, prefill_ids = _context_ids(tok, CONTEXT), _context_ids(tok, PREFILL)
     rows = []
     for threads in THREADS:
-        row = decode_row(name, fp, q8, ids, threads)
+        row = decode_row(name, models, ids, threads)
         torch.set_num_threads(threads)
 
         def prefill(m: torch.nn.Module) -> None:
             with torch.inference_mode():
                 m(prefill_ids)
 
-        prefills = interleaved_runs({"float32": lambda: prefill(fp),
-                                     "int8": lambda: prefill(q8)},
+        prefills = interleaved_runs({label: functools.partial(prefill, m)
+                                     for label, m in models.items()},
                                     repeats=ROUNDS, clock=time.process_time)
         torch.set_num_threads(1)
         row["prefill_cpu_s"] = {k: min(v) for k, v in prefills.items()}
@@ -241,10 +246,13 @@ def bench_model(name: str) -> dict:
               f"ms/token CPU ({row['decode_wall_ms']['int8']:.1f} wall), float32 "
               f"{row['decode_cpu_ms']['float32']:.1f} ({row['decode_wall_ms']['float32']:.1f})"
               f"; prefill {PREFILL} tokens int8 {row['prefill_cpu_s']['int8']:.2f} s, float32 "
-              f"{row['prefill_cpu_s']['float32']:.2f} s; llama.cpp {row['llama_cpp']}",
+              f"{row['prefill_cpu_s']['float32']:.2f} s; int4 decode "
+              f"{row['decode_cpu_ms']['int4']:.1f} ({row['decode_wall_ms']['int4']:.1f}), "
+              f"prefill {row['prefill_cpu_s']['int4']:.2f} s; llama.cpp {row['llama_cpp']}",
               flush=True)
     return {"model": name, "gguf_bytes": path.stat().st_size, "load": memory,
-            "agreement": agree, "threads": rows, "bandwidth_gb_per_s": gbps,
+            "agreement": agree, "agreement_int4": agree4,
+            "threads": rows, "bandwidth_gb_per_s": gbps,
             "bytes_per_token": {"float32": fp_bytes, "int8": q8_bytes},
             "floor_ms": {"float32": fp_bytes / gbps / 1e6, "int8": q8_bytes / gbps / 1e6},
             "context": CONTEXT, "new_tokens": NEW}
@@ -281,16 +289,17 @@ def bench_int8_decode(previous: dict, threads: tuple[int, ...]) -> tuple[dict, l
         path = shipped_path(m["model"])
         fp, tok = load_lm(path)
         q8, _ = load_lm(path, tokenizer=False, quantize="int8")
+        q4, _ = load_lm(path, tokenizer=False, quantize="int4")
         ids = _context_ids(tok, m["context"])
         for t in threads:
-            row = decode_row(m["model"], fp, q8, ids, t)
+            row = decode_row(m["model"], {"float32": fp, "int8": q8, "int4": q4}, ids, t)
             have[t].update(row)
             print(f"{m['model']}, {t} thread(s): decode int8 {row['decode_cpu_ms']['int8']:.1f}"
                   f" ms/token CPU ({row['decode_wall_ms']['int8']:.1f} wall), float32 "
                   f"{row['decode_cpu_ms']['float32']:.1f} "
                   f"({row['decode_wall_ms']['float32']:.1f}); llama.cpp {row['llama_cpp']}",
                   flush=True)
-        del fp, q8
+        del fp, q8, q4
     end = os.getloadavg()
     data.setdefault("decode_reruns", []).append(
         {"threads": list(threads), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -348,10 +357,43 @@ def markdown(data: dict) -> list[str]:
             f"{rss['float32'] / 1e6:.0f} MB | {a['top1']:.1%} ({top}; {a['tokens']} tokens) "
             f"{ok(a['top1'] >= GOALS['agreement'])} | {kls} | "
             f"{max(v['max_logit_diff'] for v in a['prompts'].values()):.2f} |")
+    lines += _int4_lines(data, ok)
     lines += ["", "Bytes per token and bandwidth: " + "; ".join(
         f"{m['model']} int8 {m['bytes_per_token']['int8'] / 1e6:.0f} MB, float32 "
         f"{m['bytes_per_token']['float32'] / 1e6:.0f} MB at {m['bandwidth_gb_per_s']:.1f} GB/s"
         for m in data["models"]) + ".", ""]
+    return lines
+
+
+def _int4_lines(data: dict, ok: Callable[[bool], str]) -> list[str]:
+    """The ``quantize="int4"`` rows (4-bit layers where the file has 4-bit blocks, int8
+    elsewhere: :mod:`handformer.models.int4`), measured in the same rounds."""
+    models = [m for m in data["models"] if "agreement_int4" in m]
+    if not models:
+        return []
+    goal = GOALS["decode_vs_llama_cpp"]
+    lines = ["", "`quantize=\"int4\"` in the same rounds (4-bit layers where the file holds "
+             "4-bit blocks, int8 elsewhere):", "",
+             "| model | threads | int4 | int4 / llama.cpp (goal ≤ 1.5) | prefill int4 / "
+             "float32 (goal ≤ 1) | peak RSS growth (goal ≤ 2x file) | top-1 agreement "
+             "(goal ≥ 95 %) | mean KL per prompt |", "|---|---|---|---|---|---|---|---|"]
+    for m in models:
+        a, size = m["agreement_int4"], m["gguf_bytes"]
+        rss = m["load"]["int4"]["peak_rss_growth_bytes"]
+        kls = ", ".join(f"{k} {v['mean_kl']:.4f}" for k, v in a["prompts"].items())
+        for r in m["threads"]:
+            one = r["threads"] == 1
+            ours = r["decode_cpu_ms" if one else "decode_wall_ms"]["int4"]
+            ref = (r["llama_cpp"] or {}).get("cpu_ms" if one else "wall_ms")
+            ratio = "" if not ref else f"{ours / ref:.2f} {ok(ours / ref <= goal)}"
+            p = r["prefill_cpu_s"]
+            lines.append(
+                f"| {m['model']} | {r['threads']} | {r['decode_cpu_ms']['int4']:.1f} "
+                f"({r['decode_wall_ms']['int4']:.1f}) | {ratio} | "
+                f"{p['int4'] / p['float32']:.2f} {ok(p['int4'] <= p['float32'])} | "
+                f"{rss / 1e6:.0f} MB ({rss / size:.2f}x) "
+                f"{ok(rss <= GOALS['rss_vs_file'] * size)} | {a['top1']:.1%} "
+                f"{ok(a['top1'] >= GOALS['agreement'])} | {kls} |")
     return lines
 
 

@@ -34,6 +34,9 @@ def test_bench_llm_quick_mode_writes_results(tmp_path: Path) -> None:
     (int8,) = data["int8"]["models"]  # section 6 (llm_int8.py): the shipped SmolLM2 alone
     assert int8["agreement"]["top1"] >= 0.9 and int8["threads"][0]["decode_cpu_ms"]["int8"] > 0
     assert int8["load"]["int8"]["peak_rss_growth_bytes"] > 0 and int8["floor_ms"]["int8"] > 0
+    assert int8["agreement_int4"]["top1"] >= 0.9
+    assert int8["load"]["int4"]["peak_rss_growth_bytes"] > 0
+    assert int8["threads"][0]["decode_cpu_ms"]["int4"] > 0  # quantize="int4" in the same rounds
     bf16 = data["bfloat16"]  # llm_bf16.py: bfloat16 against float32 and the floor
     assert bf16["bytes_bf16"] * 2 == bf16["bytes_f32"]
     assert all(r["ms_per_token"]["bfloat16"] > 0 and r["floor16_ms"] > 0 for r in bf16["rows"])

@@ -51,8 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="random seed for sampling (default 0)")
     add_decoding_options(parser)
     add_device_argument(parser)
-    parser.add_argument("--quantize", choices=["int8"], default=None,
-                        help="int8 weights for the linear layers (CPU; see docs/llms.md)")
+    parser.add_argument("--quantize", choices=["int8", "int4"], default=None,
+                        help="int8 or 4-bit weights for the linear layers (CPU; see docs/llms.md)")
 
 
 def open_session(args: argparse.Namespace, max_new_tokens: int, *, dtype: object = None

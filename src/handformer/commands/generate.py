@@ -71,8 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-cache", action="store_true",
                         help="recompute the whole sequence at every step (slow; for checks)")
     add_device_argument(parser)
-    parser.add_argument("--quantize", choices=["int8"], default=None,
-                        help="int8 weights for the linear layers (CPU; see docs/llms.md)")
+    parser.add_argument("--quantize", choices=["int8", "int4"], default=None,
+                        help="int8 or 4-bit weights for the linear layers (CPU; see docs/llms.md)")
     add_steering_options(parser)
 
 

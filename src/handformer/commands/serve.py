@@ -60,8 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "a folder of one transcoder per layer): the page computes the "
                              "attribution graph of the text typed in, with feature cards")
     add_device_argument(parser)
-    parser.add_argument("--quantize", choices=["int8"], default=None,
-                        help="int8 weights for the causal LMs' linear layers (CPU)")
+    parser.add_argument("--quantize", choices=["int8", "int4"], default=None,
+                        help="int8 or 4-bit weights for the causal LMs' linear layers (CPU)")
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -92,16 +92,16 @@ def check_quantize(quantize: object, dtype: torch.dtype | None = None,
     """Validate a ``quantize`` option; return it (None: no quantization).
 
     Args:
-        quantize: None or ``"int8"``.
-        dtype: the model's requested dtype (None or float32 with ``"int8"``).
-        device: the model's device (the CPU with ``"int8"``).
+        quantize: None, ``"int8"`` or ``"int4"`` (:mod:`handformer.models.int4`).
+        dtype: the model's requested dtype (None or float32 when quantized).
+        device: the model's device (the CPU when quantized).
 
     Returns:
         ``quantize``.
 
     Raises:
-        ValueError: for a value other than None or ``"int8"``, a dtype other than float32, or
-            a device other than the CPU (the kernel is the CPU's).
+        ValueError: for a value other than None or one of ``QUANTIZE_CHOICES``, a dtype other
+            than float32, or a device other than the CPU (the kernels are the CPU's).
     """
     if quantize is None:
         return None

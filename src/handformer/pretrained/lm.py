@@ -167,7 +167,9 @@ def build_causal_lm(hf_config: Mapping[str, object], state: Mapping[str, Tensor]
             configured ones, with the same weights.
         quantize: ``"int8"``: each linear layer's weight and the token embedding are
             quantized as they are read, a few rows at a time where ``state`` has a
-            ``read_rows`` method (:mod:`handformer.models.quantized`); None: float.
+            ``read_rows`` method (:mod:`handformer.models.quantized`); ``"int4"``: the
+            projections of :func:`~handformer.models.int8_model.int4_names` 4-bit
+            (:mod:`handformer.models.int4`); None: float.
 
     Returns:
         The model, in eval mode.
@@ -437,7 +439,10 @@ def load_lm(source: str | os.PathLike, *, dtype: torch.dtype | None = None,
             the configured ones with the same weights (as ``load_bert`` does).
         tokenizer: load the tokenizer too; False loads the model alone, quietly.
         quantize: ``"int8"``: int8 linear layers, quantized tensor by tensor as they are read
-            (float32 activations; CPU; :mod:`handformer.models.quantized`). None: float.
+            (float32 activations; CPU; :mod:`handformer.models.quantized`). ``"int4"``:
+            4-bit weights in groups of 32 where the kernel takes them (a GGUF file's 4-bit
+            blocks keep their values; projections it stores wider, and the LM head, stay
+            int8), bfloat16 inside each product (:mod:`handformer.models.int4`). None: float.
         mesh: a 1-D ``torch.distributed`` ``DeviceMesh``: tensor parallel, each rank reading
             only its slices of the checkpoint (see :mod:`handformer.distributed`); call it on
             every rank. None: the whole model in this process.
@@ -462,7 +467,8 @@ def load_lm(source: str | os.PathLike, *, dtype: torch.dtype | None = None,
             truncated or corrupt files, and keys that do not match the config (every one
             listed, in the file's names); no model is returned.
         TypeError: for a non-floating ``dtype``, a bad ``attention`` or ``tokenizer``.
-        ValueError: for a ``quantize`` other than None or ``"int8"`` (or not float32 on CPU),
+        ValueError: for a ``quantize`` other than None, ``"int8"`` or ``"int4"`` (or not
+            float32 on CPU),
             or ``quantize`` together with ``mesh``.
     """
     if mesh is not None:  # tensor parallel: handformer.pretrained.lm_sharded
@@ -489,7 +495,7 @@ def load_lm_with_tokenizer(source: str | os.PathLike, *, dtype: torch.dtype | No
         source: as :func:`load_lm`'s.
         dtype: parameter dtype (None: float32).
         device: where to put the model.
-        quantize: as :func:`load_lm`'s (``"int8"`` or None).
+        quantize: as :func:`load_lm`'s (``"int8"``, ``"int4"`` or None).
 
     Returns:
         ``(model, tokenizer)``, the tokenizer never None.

@@ -116,7 +116,8 @@ class ModelState:
             :func:`~handformer.pretrained.load_lm` reads: a GPT-2 / Llama / Mistral / Qwen /
             Gemma / ``handformer train`` folder, a ``.gguf`` file or a shipped name.
         device: where the model runs.
-        quantize: "int8" for int8 linear layers in a causal LM (see ``load_lm``); None: float.
+        quantize: "int8" or "int4" for quantized linear layers in a causal LM (see
+            ``load_lm``); None: float.
 
     Attributes:
         causal: True for a causal language model, False for an encoder.
