@@ -154,18 +154,7 @@ class Int4Linear(Int8Linear):
                              f"{tuple(weight.shape)}")
         self._setup(Int4Group([weight]), 0, bias)
 
-    @classmethod
-    def group(cls, weights: list[Tensor], biases: list[Tensor | None]  # type: ignore[override]
-              ) -> list[Int4Linear]:
-        """Layers that read one input, their float weights quantized and packed together
-        (an :class:`Int4Group`)."""
-        shared = Int4Group(weights)
-        layers = []
-        for index, bias in enumerate(biases):
-            layer = cls.__new__(cls)
-            layer._setup(shared, index, bias)
-            layers.append(layer)
-        return layers
+    _GROUP = Int4Group  # Int8Linear.group packs float weights into one of these
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear) -> Int4Linear:

@@ -367,6 +367,7 @@ class Int8Linear(nn.Module):
     """
 
     activation_dtype = torch.float32
+    _GROUP: Callable[[list], Int8Group] = Int8Group  # what :meth:`group` packs weights into
 
     def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
         if weight.dim() != 2:
@@ -393,8 +394,8 @@ class Int8Linear(nn.Module):
     def group(cls, weights: list[QuantizedRows], biases: list[Tensor | None]
               ) -> list[Int8Linear]:
         """Layers that read one input, their weights packed together (an
-        :class:`Int8Group`)."""
-        shared = Int8Group(weights)
+        :class:`Int8Group`; a subclass's own kind of group, ``_GROUP``)."""
+        shared = cls._GROUP(weights)
         layers = []
         for index, bias in enumerate(biases):
             layer = cls.__new__(cls)
