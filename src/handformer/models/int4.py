@@ -28,27 +28,28 @@ stays int8 (:mod:`handformer.models.quantized`) as llama.cpp keeps its output ma
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import Tensor
 
 from handformer.models.quantized import Int8Group, Int8Linear
 
-__all__ = ["GROUP", "Int4Group", "Int4Linear", "int4_eligible", "quantize_int4"]
+__all__ = ["GROUP", "PROMPT_ROWS", "Int4Group", "Int4Linear", "int4_eligible", "quantize_int4",
+           "unpack_int4"]
 
 GROUP = 32  # weights per scale and zero, along a row
 _LEVELS = 15  # q in 0..15
 _MIDDLE = 8  # w = (q - 8) s + z: the kernel's convention (tested)
-_OUT_MULTIPLE = 16  # the kernel packs rows in blocks of 16
+_BLOCK = 64  # the packed layout's rows per block (see unpack_int4)
+PROMPT_ROWS = 128  # from this many rows on, a product unpacks the weight (Int4Group.product)
 _KERNEL = torch.ops.aten._weight_int4pack_mm_for_cpu
 _PACK = torch.ops.aten._convert_weight_to_int4pack_for_cpu
 
 
 def int4_eligible(out_features: int, in_features: int) -> bool:
-    """Whether the kernel takes a ``(out_features, in_features)`` weight: the input size a
-    multiple of ``GROUP`` and the output size of 16."""
-    return in_features % GROUP == 0 and out_features % _OUT_MULTIPLE == 0 and in_features > 0
+    """Whether a ``(out_features, in_features)`` weight goes 4-bit: the input size a
+    multiple of ``GROUP`` (the kernel's rule) and the output size of 64 (the kernel wants 16;
+    64 keeps whole blocks of its packed layout, which :func:`unpack_int4` reads)."""
+    return in_features % GROUP == 0 and out_features % _BLOCK == 0 and in_features > 0
 
 
 def quantize_int4(weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -65,7 +66,7 @@ def quantize_int4(weight: Tensor) -> tuple[Tensor, Tensor]:
     n, k = weight.shape
     if not int4_eligible(n, k):
         raise ValueError(f"int4 needs a weight of (out, in) with in a multiple of {GROUP} and "
-                         f"out of {_OUT_MULTIPLE}, got {tuple(weight.shape)}")
+                         f"out of {_BLOCK}, got {tuple(weight.shape)}")
     if not bool(torch.isfinite(weight).all()):
         raise ValueError(f"int4: the weight of shape {tuple(weight.shape)} has inf or NaN "
                          f"entries")
@@ -78,14 +79,6 @@ def quantize_int4(weight: Tensor) -> tuple[Tensor, Tensor]:
     q = q.round_().clamp_(0, _LEVELS).to(torch.int32).reshape(n, k)  # (N, G, 32) -> (N, K)
     scales_and_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
     return q, scales_and_zeros  # (G, N, 2)
-
-
-@functools.cache
-def _unit(groups: int, n: int) -> Tensor:
-    """``(groups, n, 2)`` bfloat16 of ``s = 1, z = 8``: the kernel then gives ``q`` itself."""
-    unit = torch.ones(groups, n, 2, dtype=torch.bfloat16)
-    unit[..., 1] = _MIDDLE
-    return unit
 
 
 class Int4Group(Int8Group):
@@ -119,20 +112,42 @@ class Int4Group(Int8Group):
 
     def product(self, x: Tensor, scratch: dict | None = None) -> Tensor:
         """``x: (M, in_features)`` float32 -> ``(M, sum of sizes)`` float32, no bias
-        (computed in bfloat16). ``scratch`` is accepted for :class:`Int8Group`'s signature."""
-        y = _KERNEL(x.to(torch.bfloat16), self.packed, GROUP, self.scales_and_zeros)
-        return y.float()  # (M, N)
+        (computed in bfloat16). ``scratch`` is accepted for :class:`Int8Group`'s signature.
+
+        A few rows (decoding) go through the 4-bit kernel; from ``PROMPT_ROWS`` rows on (a
+        prompt), where that kernel is compute-bound and slower than float32's, the weight is
+        unpacked to bfloat16 for this call and multiplied by torch's bfloat16 matrix product
+        (oneDNN), about 2x float32's speed (see the module doc)."""
+        xb = x.to(torch.bfloat16)
+        if x.shape[0] >= PROMPT_ROWS:
+            return torch.mm(xb, self._weight(torch.bfloat16).t()).float()  # (M, N)
+        return _KERNEL(xb, self.packed, GROUP, self.scales_and_zeros).float()  # (M, N)
+
+    def _weight(self, dtype: torch.dtype) -> Tensor:
+        """The whole packed weight ``(N, K)``, ``(q - 8) s + z`` in float32, cast to
+        ``dtype``."""
+        n, k = sum(self.sizes), self.in_features
+        q = unpack_int4(self.packed, n, k).reshape(n, k // GROUP, GROUP)  # (N, G, 32)
+        s, z = self.scales_and_zeros.float().unbind(-1)  # (G, N) each
+        weight = q.float().sub_(_MIDDLE).mul_(s.t()[..., None]).add_(z.t()[..., None])
+        return weight.reshape(n, k).to(dtype)  # (N, G, 32) -> (N, K)
 
     def dequantized(self, index: int) -> Tensor:
         """Projection ``index``'s weight ``(out, in)``, float32: ``(q - 8) s + z``."""
         start, size = self.starts[index], self.sizes[index]
-        groups = self.in_features // GROUP
-        eye = torch.eye(self.in_features, dtype=torch.bfloat16)
-        q = _KERNEL(eye, self.packed, GROUP, _unit(groups, sum(self.sizes)))  # (K, N): q^T
-        q = q[:, start:start + size].t().float().reshape(size, groups, GROUP)  # (out, G, 32)
-        s, z = self.scales_and_zeros[:, start:start + size].float().unbind(-1)  # (G, out)
-        weight = (q - _MIDDLE) * s.t()[..., None] + z.t()[..., None]  # (out, G, 32)
-        return weight.reshape(size, self.in_features)
+        return self._weight(torch.float32)[start:start + size].clone()
+
+
+def unpack_int4(packed: Tensor, n: int, k: int) -> Tensor:
+    """The 4-bit values ``q: (n, k)`` (uint8, ``0..15``) of the kernel's packed weight.
+
+    The layout (read off ``_convert_weight_to_int4pack_for_cpu``, tested): rows in blocks of
+    64; a block is ``k`` runs of 32 bytes, run ``c`` holding column ``c`` of the block's rows
+    ``j`` (low nibble) and ``j + 32`` (high nibble) in byte ``j``. Hence output sizes a
+    multiple of 64 (:func:`int4_eligible`)."""
+    runs = packed.reshape(n // _BLOCK, k, _BLOCK // 2)  # (blocks, K, 32) bytes
+    q = torch.stack([runs & 15, runs >> 4], dim=1)  # (blocks, 2, K, 32): rows j, j + 32
+    return q.transpose(-1, -2).reshape(n, k)  # (blocks, 2, 32, K) -> (N, K)
 
 
 class Int4Linear(Int8Linear):
