@@ -57,6 +57,30 @@ def test_a_q4_1_weight_keeps_its_4_bit_values():
     assert bool((err <= d[..., None] / 4).all())  # the values, not a grid of its own
 
 
+def test_groups_on_a_coarser_grid_keep_their_values():
+    """Q4_K's scales are fitted, so a group's values ``s q + c`` need not span all of 0..15;
+    and Q4_0 (``d (q - 8)``, ``gguf.quants``) groups often miss an end. Both lie on a grid of
+    fewer steps between their extremes, which int4 finds: the values come back up to the
+    rounding of ``s`` and ``z`` (15 steps from minimum to maximum would round them again,
+    off by up to half such a step)."""
+    g = torch.Generator().manual_seed(9)
+    q = torch.randint(2, 12, (64, 128), generator=g).double()  # 4-bit values in 2..11
+    s = torch.rand(64, 4, 1, generator=g, dtype=torch.float64) * 0.01 + 0.001  # (N, G, 1)
+    c = torch.randn(64, 4, 1, generator=g, dtype=torch.float64) * 0.01
+    narrow = (q.reshape(64, 4, GROUP) * s + c).reshape(64, 128).float()
+    raw = quants.quantize(torch.randn(64, 128, generator=g).numpy(), GGMLQuantizationType.Q4_0)
+    q4_0 = torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType.Q4_0).copy()).float()
+    for values in (narrow, q4_0):
+        groups = values.double().reshape(64, -1, GROUP)
+        lo, hi = groups.amin(-1), groups.amax(-1)
+        gaps = (groups[..., :, None] - groups[..., None, :]).abs()  # (N, G, 32, 32)
+        spacing = gaps.masked_fill(gaps < 1e-9, float("inf")).amin(dim=(-1, -2))  # (N, G)
+        err = (Int4Linear(values).weight.double() - values.double()).abs().reshape(64, -1, GROUP)
+        bound = _BF16_STEP * (15 * (hi - lo) + lo.abs() + hi.abs()) + 1e-6  # (N, G)
+        assert bool((err <= bound[..., None]).all()), float((err / bound[..., None]).max())
+        assert bool((err.amax(-1) < spacing / 4).all())  # the values, not 15 steps of its own
+
+
 def test_the_product_is_within_bfloat16_of_float64():
     g = torch.Generator().manual_seed(4)
     layer = Int4Linear(torch.randn(64, 96, generator=g), torch.randn(64, generator=g))

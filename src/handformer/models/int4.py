@@ -8,8 +8,11 @@ and maximum ``hi``: ``s = (hi - lo) / 15`` and ``z = lo + 8 s``, both rounded to
 then ``q = round((w - z) / s) + 8``, clamped. That is llama.cpp's Q4_1 (``w = d q + m``, one
 ``d`` and ``m`` per 32 values), so a weight read from a Q4_1 GGUF file gets its own 4-bit
 values back: ``s`` is the file's ``d`` and ``z`` its ``m + 8 d``, up to their rounding to
-bfloat16 (tested against ``gguf.quants``). Other weights (float checkpoints, GGUF files of
-other types) are quantized from their values, which costs more than int8's rounding.
+bfloat16 (tested against ``gguf.quants``). Where a group's values lie on a grid of fewer than
+15 steps between ``lo`` and ``hi`` (Q4_K's fitted scales, Q4_0 groups that miss an end), that
+grid is taken instead (:func:`_steps`), so Q4_0 and Q4_K tensors come back exactly too. Other
+weights (float checkpoints, GGUF files of other types) are quantized from their values, which
+costs more than int8's rounding.
 
 The product. ``torch.ops.aten._weight_int4pack_mm_for_cpu`` multiplies bfloat16 activations
 by the packed weight (AVX512-BF16 where the CPU has it); the layer casts its float32 input to
@@ -38,6 +41,7 @@ __all__ = ["GROUP", "PROMPT_ROWS", "Int4Group", "Int4Linear", "int4_eligible", "
 
 GROUP = 32  # weights per scale and zero, along a row
 _LEVELS = 15  # q in 0..15
+_ON_GRID = 1e-3  # a weight this close to a grid point (in steps) lies on the grid
 _MIDDLE = 8  # w = (q - 8) s + z: the kernel's convention (tested)
 _BLOCK = 64  # the packed layout's rows per block (see unpack_int4)
 PROMPT_ROWS = 128  # from this many rows on, a product unpacks the weight (Int4Group.product)
@@ -72,13 +76,33 @@ def quantize_int4(weight: Tensor) -> tuple[Tensor, Tensor]:
                          f"entries")
     groups = weight.detach().float().reshape(n, k // GROUP, GROUP)  # (N, G, 32)
     lo, hi = groups.amin(dim=-1), groups.amax(dim=-1)  # (N, G) each
-    scale = ((hi - lo) / _LEVELS).to(torch.bfloat16)
+    scale = ((hi - lo) / _steps(groups, lo, hi)).to(torch.bfloat16)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # a constant group: q = 8
     zero = (lo + _MIDDLE * scale.float()).to(torch.bfloat16)  # (N, G)
     q = ((groups - zero.float()[..., None]) / scale.float()[..., None] + _MIDDLE)
     q = q.round_().clamp_(0, _LEVELS).to(torch.int32).reshape(n, k)  # (N, G, 32) -> (N, K)
     scales_and_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
     return q, scales_and_zeros  # (G, N, 2)
+
+
+def _steps(groups: Tensor, lo: Tensor, hi: Tensor) -> Tensor:
+    """``(N, G)``: the most steps of ``(hi - lo) / steps`` (at most 15) on whose grid, from
+    ``lo``, every weight of the group lies (to ``_ON_GRID`` of a step); 15 where none does.
+
+    A group of 4-bit values ``s q + c`` whose ``q`` do not span all of 0..15 (common in Q4_K,
+    whose scales are fitted, not taken from the range) lies on the grid of ``hi - lo`` in
+    ``max q - min q`` steps, or a finer one: its values then come back exactly, where 15
+    steps of ``(hi - lo) / 15`` would round them again."""
+    span = (hi - lo)[..., None]  # (N, G, 1)
+    offset = groups - lo[..., None]  # (N, G, 32)
+    steps = torch.full_like(lo, float(_LEVELS))
+    found = torch.zeros_like(lo, dtype=torch.bool)
+    for count in range(_LEVELS, 0, -1):  # the finest grid first
+        t = offset * (count / span.clamp_min(1e-30))  # (N, G, 32): positions in steps
+        fits = ((t - t.round()).abs().amax(dim=-1) <= _ON_GRID) & ~found  # (N, G)
+        steps[fits] = count
+        found |= fits
+    return steps
 
 
 class Int4Group(Int8Group):
