@@ -430,7 +430,10 @@ class Int8Linear(nn.Module):
         if x.dtype != torch.float32:
             raise TypeError(f"Int8Linear takes float32 inputs (its activations stay float32), "
                             f"got {x.dtype}")
-        y = self._group.output(self._index, x, x.reshape(-1, self.in_features))  # (M, N)
+        if x.requires_grad and torch.is_grad_enabled():  # attribution patching, saliency
+            y = _ThroughWeight.apply(x.reshape(-1, self.in_features), self)  # (M, N)
+        else:
+            y = self._group.output(self._index, x, x.reshape(-1, self.in_features))  # (M, N)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
@@ -452,6 +455,24 @@ class Int8Linear(nn.Module):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, int8 per-row weights"
                 + (f", packed with {shared - 1} other projection(s)" if shared > 1 else ""))
+
+
+class _ThroughWeight(torch.autograd.Function):
+    """A quantized layer's product with a gradient for its input: the kernel forward, and
+    backward ``dL/dx = dL/dy W~`` with the dequantized weight ``W~`` (what the layer
+    multiplies by; the rounding of the activations inside the kernel is passed straight
+    through). No gradient for the weights, which are not parameters."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: Tensor,  # type: ignore[override]
+                layer: Int8Linear) -> Tensor:
+        ctx.layer = layer
+        return layer._group.output(layer._index, x, x)  # (M, out)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx,  # type: ignore[override]
+                 grad: Tensor) -> tuple[Tensor, None]:
+        return grad @ ctx.layer.weight, None  # (M, out) @ (out, in) -> (M, in)
 
 
 def int8_step_linear(*linears: Int8Linear, scratch: dict | None = None
