@@ -126,6 +126,12 @@ def test_groups_of_projections_and_the_kernel_s_shapes():
         bias = 0 if layer.bias is None else layer.bias
         assert torch.equal(layer(x), whole(x)[:, rows] + bias)  # one packed product
         start += len(w)
+    flat = torch.randn(64, 64, generator=g)
+    flat[0, :32], flat[1, 32:], flat[2, :32] = 1e-3, 0.0, -5.0  # constant groups
+    back = Int4Linear(flat).weight
+    torch.testing.assert_close(back[0, :32], flat[0, :32], rtol=_BF16_STEP, atol=0)
+    assert bool((back[1, 32:] == 0).all())
+    torch.testing.assert_close(back[2, :32], flat[2, :32], rtol=_BF16_STEP, atol=0)
     assert int4_eligible(64, 32) and not int4_eligible(16, 32) and not int4_eligible(64, 48)
     with pytest.raises(ValueError, match=r"int4 needs .* in a multiple of 32 .* \(64, 48\)"):
         quantize_int4(torch.randn(64, 48))

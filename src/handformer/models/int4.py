@@ -83,7 +83,10 @@ def quantize_int4(weight: Tensor) -> tuple[Tensor, Tensor]:
     groups = weight.detach().float().reshape(n, k // GROUP, GROUP)  # (N, G, 32)
     lo, hi = groups.amin(dim=-1), groups.amax(dim=-1)  # (N, G) each
     scale = ((hi - lo) / _steps(groups, lo, hi)).to(torch.bfloat16)
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # a constant group: q = 8
+    # a constant group (hi = lo): s = |lo| / 8 (1 for zeros), so that q = 0 gives lo with
+    # bfloat16's relative rounding (s = 1 would put lo + 8 in z and round lo away)
+    constant = torch.where(lo != 0, lo.abs() / _MIDDLE, torch.ones_like(lo))
+    scale = torch.where(scale > 0, scale, constant.to(torch.bfloat16))
     zero = (lo + _MIDDLE * scale.float()).to(torch.bfloat16)  # (N, G)
     q = ((groups - zero.float()[..., None]) / scale.float()[..., None] + _MIDDLE)
     q = q.round_().clamp_(0, _LEVELS).to(torch.int32).reshape(n, k)  # (N, G, 32) -> (N, K)
