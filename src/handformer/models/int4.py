@@ -48,6 +48,7 @@ __all__ = ["GROUP", "PROMPT_ROWS", "Int4Group", "Int4Linear", "int4_eligible", "
 GROUP = 32  # weights per scale and zero, along a row
 _LEVELS = 15  # q in 0..15
 _ON_GRID = 1e-3  # a weight this close to a grid point (in steps) lies on the grid
+_CHUNK_VALUES = 1 << 16  # weights quantized at a time (a few 256 KB temporaries)
 _MIDDLE = 8  # w = (q - 8) s + z: the kernel's convention (tested)
 _BLOCK = 64  # the packed layout's rows per block (see unpack_int4)
 PROMPT_ROWS = 128  # from this many rows on, a product unpacks the weight (Int4Group.product)
@@ -80,18 +81,29 @@ def quantize_int4(weight: Tensor) -> tuple[Tensor, Tensor]:
     if not bool(torch.isfinite(weight).all()):
         raise ValueError(f"int4: the weight of shape {tuple(weight.shape)} has inf or NaN "
                          f"entries")
-    groups = weight.detach().float().reshape(n, k // GROUP, GROUP)  # (N, G, 32)
-    lo, hi = groups.amin(dim=-1), groups.amax(dim=-1)  # (N, G) each
+    q = torch.empty(n, k, dtype=torch.int32)
+    scales_and_zeros = torch.empty(k // GROUP, n, 2, dtype=torch.bfloat16)  # (G, N, 2)
+    step = max(1, _CHUNK_VALUES // k)  # rows at a time: the temporaries stay small
+    for r0 in range(0, n, step):
+        rows = slice(r0, r0 + step)
+        q[rows], scales_and_zeros[:, rows] = _quantize_rows(weight[rows].detach().float())
+    return q, scales_and_zeros
+
+
+def _quantize_rows(rows: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`quantize_int4` of ``rows: (m, K)`` float32: ``(q (m, K), (G, m, 2))``."""
+    m, k = rows.shape
+    groups = rows.reshape(m, k // GROUP, GROUP)  # (m, G, 32)
+    lo, hi = groups.amin(dim=-1), groups.amax(dim=-1)  # (m, G) each
     scale = ((hi - lo) / _steps(groups, lo, hi)).to(torch.bfloat16)
     # a constant group (hi = lo): s = |lo| / 8 (1 for zeros), so that q = 0 gives lo with
     # bfloat16's relative rounding (s = 1 would put lo + 8 in z and round lo away)
     constant = torch.where(lo != 0, lo.abs() / _MIDDLE, torch.ones_like(lo))
     scale = torch.where(scale > 0, scale, constant.to(torch.bfloat16))
-    zero = (lo + _MIDDLE * scale.float()).to(torch.bfloat16)  # (N, G)
+    zero = (lo + _MIDDLE * scale.float()).to(torch.bfloat16)  # (m, G)
     q = ((groups - zero.float()[..., None]) / scale.float()[..., None] + _MIDDLE)
-    q = q.round_().clamp_(0, _LEVELS).to(torch.int32).reshape(n, k)  # (N, G, 32) -> (N, K)
-    scales_and_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
-    return q, scales_and_zeros  # (G, N, 2)
+    q = q.round_().clamp_(0, _LEVELS).to(torch.int32).reshape(m, k)  # (m, G, 32) -> (m, K)
+    return q, torch.stack([scale, zero], dim=-1).transpose(0, 1)  # (G, m, 2)
 
 
 def _steps(groups: Tensor, lo: Tensor, hi: Tensor) -> Tensor:
