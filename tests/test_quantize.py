@@ -146,8 +146,9 @@ def test_a_deep_copy_shares_the_int8_weights():
 
 def test_options_are_checked():
     assert check_quantize(None) is None and check_quantize("int8") == "int8"
-    with pytest.raises(ValueError, match=r"quantize must be None or one of \['int8'\], got 'int4'"):
-        check_quantize("int4")
+    with pytest.raises(ValueError,
+                       match=r"quantize must be None or one of \['int8', 'int4'\], got 'int2'"):
+        check_quantize("int2")
     with pytest.raises(ValueError, match="dtype must be float32.*bfloat16"):
         check_quantize("int8", torch.bfloat16)
     with pytest.raises(ValueError, match="CPU only.*cuda"):
@@ -295,8 +296,8 @@ def test_generate_command_takes_quantize(llama_tok_dir: Path,
     assert code == 0, err
     assert seen == ["int8"] and out.strip()
     code, _, err = run_cli(capsys, ["generate", "--model", str(folder), "--prompt", "abc",
-                                    "--quantize", "int4"])
-    assert code == 2 and "--quantize: invalid choice: 'int4'" in err
+                                    "--quantize", "int2"])
+    assert code == 2 and "--quantize: invalid choice: 'int2'" in err
 
 
 def test_serve_state_loads_int8_and_its_variants_share_the_weights(llama_tok_dir: Path):
