@@ -552,8 +552,14 @@ def _int8_lines(int8: dict | None, ok: dict) -> list[str]:
             out.append(f"- int8 (`quantize=\"int8\"`), {m['model']}, {r['threads']} "
                        f"thread(s): {ours:.1f} ms/token {'CPU' if one else 'wall'}{vs}; "
                        f"float32 {r['decode_cpu_ms' if one else 'decode_wall_ms']['float32']:.1f}.")
+            four = r["decode_cpu_ms" if one else "decode_wall_ms"].get("int4")
+            if four is not None:
+                vs4 = (f" against llama.cpp's {ref:.1f}, {four / ref:.2f}x (goal ≤ {goal}, "
+                       f"{ok[four / ref <= goal]})" if ref else "")
+                out.append(f"- int4 (`quantize=\"int4\"`), {m['model']}, {r['threads']} "
+                           f"thread(s): {four:.1f} ms/token {'CPU' if one else 'wall'}{vs4}.")
     return out + ["  (`results/llm.md`, section int8, has the load averages, prefill, memory "
-                  "and agreement.)"]
+                  "and agreement of both.)"]
 
 
 SECTIONS: list[tuple[str, str, Callable[[dict], list[str]]]] = [
