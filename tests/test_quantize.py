@@ -291,10 +291,11 @@ def test_generate_command_takes_quantize(llama_tok_dir: Path,
     monkeypatch.setattr(lm, "load_lm_with_tokenizer",
                         lambda *a, **k: seen.append(k.get("quantize")) or real(*a, **k))
     folder = llama_tok_dir
-    code, out, err = run_cli(capsys, ["generate", "--model", str(folder), "--prompt", "abc",
-                                      "--max-new-tokens", "3", "--quantize", "int8"])
-    assert code == 0, err
-    assert seen == ["int8"] and out.strip()
+    for quantize in ("int8", "int4"):
+        code, out, err = run_cli(capsys, ["generate", "--model", str(folder), "--prompt", "abc",
+                                          "--max-new-tokens", "3", "--quantize", quantize])
+        assert code == 0, err
+        assert seen[-1] == quantize and out.strip()
     code, _, err = run_cli(capsys, ["generate", "--model", str(folder), "--prompt", "abc",
                                     "--quantize", "int2"])
     assert code == 2 and "--quantize: invalid choice: 'int2'" in err
