@@ -225,3 +225,46 @@ def test_gradients_flow_through_a_cache() -> None:
     model.zero_grad()
     model(ids).logits.square().sum().backward()
     torch.testing.assert_close(cached_grad, model.tok_emb.weight.grad, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("window", [1, 5, 9])
+def test_a_window_pushed_one_token_at_a_time_rolls_in_place(window: int) -> None:
+    """The plain step's one-token push writes a ring of ``window // 2 + 1`` slots in place;
+    each step it hands out the held keys and the new one (rotated once it wraps), which is
+    the window of a cat-and-cut reference as a set, row for row; after any number of steps
+    a two-token push and the module path (``attend``) see the same window, oldest first, as a
+    cache that never used the ring."""
+    from handformer.attention.cache_bounded import WindowKVCache
+    from handformer.attention.local import LocalAttention
+
+    keep = window // 2
+    g = torch.Generator().manual_seed(window)
+    kind = LocalAttention(window)
+    ring, plain = WindowKVCache(window), WindowKVCache(window)
+    prompt_k, prompt_v = torch.randn(2, 3, 6, 4, generator=g), torch.randn(2, 3, 6, 4, generator=g)
+    q = torch.randn(2, 3, 6, 4, generator=g)
+    for cache in (ring, plain):
+        cache.attend(kind, q, prompt_k, prompt_v)
+    history_k = [prompt_k[:, :, i] for i in range(6)]
+    for step in range(3 * (keep + 1) + 2):  # wraps the ring several times
+        k, v = torch.randn(2, 3, 1, 4, generator=g), torch.randn(2, 3, 1, 4, generator=g)
+        keys, values, mask = ring.push(k, v)
+        history_k.append(k[:, :, 0])
+        expected = torch.stack(history_k[-(keep + 1):], dim=2)  # (B, H, keep + 1, D)
+        assert mask is None and keys.shape == expected.shape == values.shape
+        # the same keys as a set: sort each (batch, head)'s rows by their first feature
+        order = keys[..., 0].argsort(dim=-1)[..., None].expand_as(keys)
+        ref_order = expected[..., 0].argsort(dim=-1)[..., None].expand_as(expected)
+        assert torch.equal(keys.gather(2, order), expected.gather(2, ref_order))
+        plain.attend(kind, torch.randn(2, 3, 1, 4, generator=g), k, v)
+        assert ring.num_keys == plain.num_keys == min(keep, 6 + step + 1)
+        assert ring.seen == plain.seen
+    k3, v3 = torch.randn(2, 3, 2, 4, generator=g), torch.randn(2, 3, 2, 4, generator=g)
+    pushed, plain_pushed = ring.push(k3, v3), plain.push(k3, v3)  # two tokens: in order
+    assert torch.equal(pushed[0], plain_pushed[0]) and torch.equal(pushed[1], plain_pushed[1])
+    q2 = torch.randn(2, 3, 3, 4, generator=g)
+    k2, v2 = torch.randn(2, 3, 3, 4, generator=g), torch.randn(2, 3, 3, 4, generator=g)
+    out_ring, _ = ring.attend(kind, q2, k2, v2)  # back on the module path: in order again
+    out_plain, _ = plain.attend(kind, q2, k2, v2)
+    assert torch.equal(out_ring, out_plain)
+    assert ring.nbytes() == plain.nbytes()  # the ring is gone: the window alone

@@ -38,20 +38,41 @@ class WindowKVCache(LayerCache):
         self._k: Tensor | None = None  # (B, H, <= keep_last, D)
         self._v: Tensor | None = None  # (B, H, <= keep_last, D_v)
         self._keep: Tensor | None = None  # (B, <= keep_last) bool
+        # push()'s ring (one new token a step): keep_last + 1 slots, filled in place; the
+        # oldest key sits at slot _slot once all are filled (None: _k/_v hold the window)
+        self._ring: tuple[Tensor, Tensor] | None = None  # (B, H, keep_last + 1, D), (.., D_v)
+        self._slot = self._filled = 0
 
     @property
     def num_keys(self) -> int:
+        if self._ring is not None:
+            return min(self._filled, self.keep_last)
         return 0 if self._k is None else self._k.shape[2]
 
     def nbytes(self) -> int:
-        held = [t for t in (self._k, self._v, self._keep) if t is not None]
+        held = [t for t in (self._k, self._v, self._keep, *(self._ring or ())) if t is not None]
         return sum(t.numel() * t.element_size() for t in held)
+
+    def _unroll(self) -> None:
+        """Put the ring's window back into ``_k``/``_v``, oldest key first (what
+        :meth:`attend` and a multi-token :meth:`push` read)."""
+        if self._ring is None:
+            return
+        ring_k, ring_v = self._ring
+        if self._filled < ring_k.shape[2]:  # not yet wrapped: slots 0.. in order
+            self._k, self._v = (t[:, :, :self._filled].clone() for t in (ring_k, ring_v))
+        else:  # slot _slot is the oldest, out of the window: the rest, oldest first
+            after = self._slot + 1
+            self._k, self._v = (torch.cat([t[:, :, after:], t[:, :, :self._slot]], dim=2)
+                                for t in (ring_k, ring_v))  # (B, H, keep_last, D)
+        self._ring = None
 
     def attend(self, attention: AttentionKind, q: Tensor, k: Tensor, v: Tensor, *,
                causal: bool = True, mask: Tensor | None = None, need_weights: bool = False,
                dropout_p: float = 0.0, scale: float | None = None
                ) -> tuple[Tensor, Tensor | None]:
         _check_step(q, k, v, causal)
+        self._unroll()
         B, _, L_new, _ = q.shape
         n_old = self.num_keys
         keep_new = _new_key_mask(mask, B, L_new)
@@ -84,9 +105,16 @@ class WindowKVCache(LayerCache):
 
         Returns:
             ``(keys, values, key_mask)``: ``(B, H, L_k, D)``, ``(B, H, L_k, D_v)`` and the
-            ``(B, 1, 1, L_k)`` bool key mask (None when no padding is held).
+            ``(B, 1, 1, L_k)`` bool key mask (None when no padding is held). For one new
+            token and no padding, views of a ring of ``keep_last + 1`` slots written in place
+            (no copy of the window a step): once it wraps, the keys come in rotated order,
+            which one query's attention does not see (the positions are in the rotated keys).
+            They are valid until the next call.
         """
         B, _, L_new, _ = k.shape
+        if L_new == 1 and self._keep is None and (self._ring is not None or self._k is not None):
+            return self._push_one(k, v)
+        self._unroll()
         keep_all = (None if self._keep is None
                     else _join_keep(self._keep, self.num_keys, None, B, L_new, k.device))
         k_all = k if self._k is None else torch.cat([self._k, k], dim=2)  # (B, H, L_k, D)
@@ -97,6 +125,23 @@ class WindowKVCache(LayerCache):
         self._keep = None if keep_all is None else keep_all[:, start:]
         self.seen += L_new
         return k_all, v_all, None if keep_all is None else keep_all[:, None, None, :]
+
+    def _push_one(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, None]:
+        """:meth:`push` of one token into the ring (made from the window on first use)."""
+        if self._ring is None:
+            held = self._k.shape[2]  # (B, H, held, D): oldest first
+            self._ring = tuple(t.new_empty(*t.shape[:2], self.keep_last + 1, t.shape[3])
+                               for t in (self._k, self._v))  # type: ignore[assignment]
+            for ring, t in zip(self._ring, (self._k, self._v), strict=True):
+                ring[:, :, :held] = t
+            self._slot, self._filled, self._k, self._v = held, held, None, None
+        ring_k, ring_v = self._ring
+        ring_k[:, :, self._slot] = k[:, :, 0]  # over the oldest key, out of the window now
+        ring_v[:, :, self._slot] = v[:, :, 0]
+        self._filled = min(self._filled + 1, ring_k.shape[2])
+        self._slot = (self._slot + 1) % ring_k.shape[2]
+        self.seen += 1
+        return ring_k[:, :, :self._filled], ring_v[:, :, :self._filled], None
 
 
 class LinearStateCache(LayerCache):
