@@ -17,7 +17,7 @@ nothing between the tensor operations. Per layer (pre-LN, as GPT-2)::
     q, k = q_norm(q), k_norm(k)             # QK-norm only
     q, k = rotate(q), rotate(k)             # rotary positions only (the layer's own table)
     K, V, mask = cache.push(k, v)           # (B, H_kv, L_k, D); full: written in place,
-                                            # sliding: the rolling window plus the new key
+                                            # sliding: a ring of the window and the new key
     a = attend(q as (B, H_kv, G, D), K, V)  # grouped, no copy of K/V; soft-capped if asked
     x = x + ln1_post(linear(a, W_o))        # sandwich norms only
     x = x + ln2_post(mlp(ln2(x)))           # plain: W_2 act(W_1 h); gated: W_d (act(g) * u)
