@@ -87,15 +87,29 @@ print(time.perf_counter() - start, status("VmHWM") - before)
 """
 
 
-def load_memory(path: Path, quantize: str | None) -> dict:
-    """``load_lm``'s seconds and peak RSS growth in a fresh process."""
+def load_memory(path: Path, kinds: tuple[str | None, ...]) -> dict[str, dict]:
+    """``load_lm``'s seconds and peak RSS growth in a fresh process for each of ``kinds``
+    (None: float32), one after another; side by side in the quick mode (the smoke test's
+    time: the seconds then say little, the memory as much as before)."""
     src = os.environ.get("PYTHONPATH") or str(Path(__file__).resolve().parents[1] / "src")
     env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, str(path),
-                           *([quantize] if quantize else [])], env=env, capture_output=True,
-                          text=True, check=True)
-    seconds, growth = (float(x) for x in done.stdout.split()[-2:])
-    return {"seconds": seconds, "peak_rss_growth_bytes": growth}
+
+    def start(quantize: str | None) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", LOAD_SCRIPT, str(path),
+                                 *([quantize] if quantize else [])], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def finish(process: subprocess.Popen) -> dict:
+        out, err = process.communicate()
+        if process.returncode:
+            raise subprocess.CalledProcessError(process.returncode, process.args, out, err)
+        seconds, growth = (float(x) for x in out.split()[-2:])
+        return {"seconds": seconds, "peak_rss_growth_bytes": growth}
+
+    if QUICK:
+        running = {q or "float32": start(q) for q in kinds}
+        return {label: finish(process) for label, process in running.items()}
+    return {q or "float32": finish(start(q)) for q in kinds}
 
 
 def agreement(fp: torch.nn.Module, q8: torch.nn.Module, tok: object) -> dict:
@@ -217,7 +231,7 @@ def bench_model(name: str) -> dict:
     from handformer.pretrained.gguf.shipped import shipped_path
 
     path = shipped_path(name)
-    memory = {q or "float32": load_memory(path, q) for q in (None, "int8", "int4")}
+    memory = load_memory(path, (None, "int8", "int4"))
     torch.set_num_threads(1)
     fp, tok = load_lm(path)
     q8, _ = load_lm(path, tokenizer=False, quantize="int8")

@@ -142,12 +142,7 @@ class Int4Group(Int8Group):
     """
 
     def __init__(self, weights: list[Tensor]) -> None:  # noqa: D107 (the class says it)
-        if len({w.shape[1] for w in weights}) != 1:
-            raise ValueError(f"Int4Group: weights must share one input size (they multiply "
-                             f"one input), got shapes {[tuple(w.shape) for w in weights]}")
-        self.sizes = [w.shape[0] for w in weights]
-        self.in_features = weights[0].shape[1]
-        self.starts = [sum(self.sizes[:i]) for i in range(len(weights))]
+        self._set_shapes([tuple(w.shape) for w in weights])
         whole = weights[0] if len(weights) == 1 else torch.cat([w.detach() for w in weights])
         q, self.scales_and_zeros = quantize_int4(whole)  # (N, K), (G, N, 2)
         self.packed = _PACK(q, 1)  # (N, K / 2) uint8, the kernel's layout

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-import torch
 from torch import Tensor, nn
 
 from handformer.layers import projection_groups
 from handformer.models.int4 import Int4Linear, int4_eligible
 from handformer.models.int8_weights import (
     QuantizedRows,
+    gather_rows,
     quantize_tensor,
     quantize_weight,
     release_free_memory,
@@ -191,7 +191,7 @@ class Int8Installer:
             return False
         owner = name.rpartition(".")[0]
         module = self.model.get_submodule(owner)
-        weight = (_gathered(read, tuple(shape)) if owner in self._int4  # float, for int4
+        weight = (gather_rows(read, tuple(shape)) if owner in self._int4  # float, for int4
                   else quantize_weight(read, tuple(shape)))
         if type(module) is nn.Embedding:
             if self._tied:
@@ -251,14 +251,6 @@ def int4_names(model: nn.Module, wider: set[str] | frozenset[str] = frozenset()
                 and int4_eligible(out, module.in_features)):
             picked.add(name)
     return picked
-
-
-def _gathered(read: Callable[[], Iterable], shape: tuple[int, ...]) -> Tensor:
-    """The float32 weight of ``shape`` from ``read()``'s ``(rows, values)`` chunks."""
-    weight = torch.empty(shape)
-    for rows, values in read():
-        weight[rows] = values
-    return weight
 
 
 def _group_names(model: nn.Module) -> list[tuple[str, ...]]:

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["QuantizedRows", "quantize_rows", "quantize_weight", "quantize_tensor",
+__all__ = ["QuantizedRows", "gather_rows", "quantize_rows", "quantize_weight", "quantize_tensor",
            "outlier_columns", "release_free_memory", "OUTLIER_RATIO", "MAX_OUTLIERS"]
 
 OUTLIER_RATIO = 3.0
@@ -139,14 +139,19 @@ def quantize_weight(read: Callable[[], Chunks], shape: tuple[int, int]) -> Quant
     """
     n, k = shape
     if n * k * 4 <= _WHOLE_BYTES:
-        whole = torch.empty(n, k)
-        for rows, values in read():
-            whole[rows] = values
-        return quantize_tensor(whole)
+        return quantize_tensor(gather_rows(read, shape))
     column_max = torch.zeros(k)
     for _, values in read():
         torch.maximum(column_max, values.abs().amax(dim=0), out=column_max)
     return _round(read(), shape, outlier_columns(column_max))
+
+
+def gather_rows(read: Callable[[], Chunks], shape: tuple[int, int]) -> Tensor:
+    """The float32 weight of ``shape`` from ``read()``'s ``(rows, values)`` chunks, whole."""
+    whole = torch.empty(shape)
+    for rows, values in read():
+        whole[rows] = values
+    return whole
 
 
 def quantize_tensor(weight: Tensor) -> QuantizedRows:

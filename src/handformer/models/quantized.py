@@ -183,11 +183,9 @@ class _Stacked:
         then ``k = round(u)`` and ``r = 128 u - 128 k`` (exact: the same bits as
         ``128 (u - k)``)."""
         a = x.abs().amax(dim=-1, keepdim=True).clamp_min_(_TINY)  # (m, 1)
-        if a.requires_grad:  # under autograd: the rows are constants (out= refuses a graph)
-            x, scale = x.detach(), a.detach()
-        else:
-            scale = a
-        torch.div(x, scale / _divisors(), out=self.both)  # (2, m, K): u, 128 u
+        # (never under autograd: a layer's input that needs a gradient goes through
+        # _ThroughWeight, whose forward runs without one; out= would refuse a graph)
+        torch.div(x, a / _divisors(), out=self.both)  # (2, m, K): u, 128 u
         self.integers.round_().clamp_(*_INTEGERS)  # integers in [-127, 127]
         self.residuals.add_(self.integers, alpha=-RESIDUAL_SCALE)  # within [-64, 64]
         return a
@@ -267,12 +265,7 @@ class Int8Group:
     """
 
     def __init__(self, weights: list[QuantizedRows]) -> None:
-        if len({w.shape[1] for w in weights}) != 1:
-            raise ValueError(f"Int8Group: weights must share one input size (they multiply "
-                             f"one input), got shapes {[w.shape for w in weights]}")
-        self.sizes = [w.shape[0] for w in weights]
-        self.in_features = weights[0].shape[1]
-        self.starts = [sum(self.sizes[:i]) for i in range(len(weights))]
+        self._set_shapes([tuple(w.shape) for w in weights])
         q = weights[0].q if len(weights) == 1 else torch.cat([w.q for w in weights])
         scales = torch.cat([w.scales for w in weights])
         self.packed, self.rows = _pack(q, scales)
@@ -290,6 +283,20 @@ class Int8Group:
                     at = torch.searchsorted(self.columns, w.columns)
                     self.exact_t[at, start:start + w.shape[0]] = w.exact.t()
         self._last: tuple | None = None  # (input, pointer, version, output, pending)
+
+    def _set_shapes(self, shapes: list[tuple[int, int]]) -> None:
+        """``sizes``, ``in_features`` and each projection's first row, ``starts``, from the
+        weights' ``(out, in)`` shapes.
+
+        Raises:
+            ValueError: for weights of different input sizes.
+        """
+        if len({shape[1] for shape in shapes}) != 1:
+            raise ValueError(f"{type(self).__name__}: weights must share one input size (they "
+                             f"multiply one input), got shapes {shapes}")
+        self.sizes = [shape[0] for shape in shapes]
+        self.in_features = shapes[0][1]
+        self.starts = [sum(self.sizes[:i]) for i in range(len(shapes))]
 
     def product(self, x: Tensor, scratch: dict | None = None) -> Tensor:
         """``x: (M, in_features)`` float32 -> ``(M, sum of sizes)``, no bias.
