@@ -21,8 +21,9 @@ SmolLM2 alone, short runs), float32 and int8 loaded from the same file:
    weights reaches in the same run, one thread;
 6. llama.cpp on the same file: ``LLAMA_BENCH=/path/to/llama-bench`` measures it in this run
    (CPU time per generated token, from two run lengths, so that loading drops out; 1 and 2
-   threads), in each round of 3., the minimum as for ours (a shared host's speed drifts over
-   minutes: measured once, after ours, SmolLM2's was 10.8 and 14.8 ms within one hour); else
+   threads; after ``CONTEXT`` tokens already in its cache, ``-d``, as ours), in each round
+   of 3., the minimum as for ours (a shared host's speed drifts over minutes: measured once,
+   after ours, SmolLM2's was 10.8 and 14.8 ms within one hour); else
    the figures measured on this host for the issue (1 thread).
 
 ``bench_llm.py --int8 --decode-only [--threads 2]`` measures only the decoding rows (3. and
@@ -181,9 +182,12 @@ def llama_cpp(path: Path, threads: int) -> dict | None:
 
     def run(n: int) -> tuple[float, float]:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        # -d: the new tokens follow CONTEXT tokens already in the cache, as ours do (decode_ms
+        # times the tokens after a CONTEXT-token prompt); llama.cpp's step costs more deeper
+        # in (Gemma 3, 1 thread: 19.2 ms at depth 0 and 22.5 at 128, measured here)
         done = subprocess.run([binary, "-m", str(path), "-p", "0", "-n", str(n), "-r", "3",
-                               "-t", str(threads), "-o", "json"], capture_output=True,
-                              text=True, check=True)
+                               "-d", str(CONTEXT), "-t", str(threads), "-o", "json"],
+                              capture_output=True, text=True, check=True)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
         speed = json.loads(done.stdout)[0]["avg_ts"]  # tokens per second (wall)

@@ -34,7 +34,7 @@ CONFIGS = [
     dict(positional="rotary", norm="rms", mlp="gated", activation="silu", num_kv_heads=1,
          qkv_bias=True, out_bias=False, mlp_bias=False, qk_norm=True),
     dict(positional="rotary", norm="rms", norm_offset=1.0, mlp="gated", activation="gelu_tanh",
-         num_kv_heads=1, bias=False, sandwich_norm=True, head_dim=12),
+         num_kv_heads=1, bias=False, sandwich_norm=True, head_dim=12, qk_norm=True),
 ]
 
 

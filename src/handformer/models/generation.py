@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from handformer.checks import OptionError, check_non_negative_int, check_seed
 from handformer.hooks import hooks_active
+from handformer.models.quantized import Int8Linear
 
 __all__ = ["generate", "filter_logits", "check_sampling", "apply_repetition_penalty",
            "stop_position"]
@@ -205,7 +206,8 @@ def generate(model: nn.Module, input_ids: Tensor, *, max_new_tokens: int,
             first call compiles (a minute or so with Inductor on a small CPU), later calls
             with the same model, batch size and cache size reuse it. Same tokens as the
             eager default, up to rounding. Needs ``use_cache`` and a
-            :class:`~handformer.CausalLM` whose attention is full or linear.
+            :class:`~handformer.CausalLM` whose attention is full or linear, not quantized
+            (``quantize="int8"`` / ``"int4"``: their eager step is their fast path).
         compile_backend: the ``torch.compile`` backend (``"inductor"``; ``"aot_eager"``
             traces the same graph without code generation, for tests).
         repetition_penalty: divides the positive logits (multiplies the negative ones) of
@@ -227,7 +229,8 @@ def generate(model: nn.Module, input_ids: Tensor, *, max_new_tokens: int,
             or with several prompts and nothing to pad with), token ids outside the
             vocabulary, a
             prompt that with ``max_new_tokens`` does not fit in the context ``max_len``,
-            or ``compile=True`` without a cache or with an attention kind it cannot compile.
+            or ``compile=True`` without a cache, with an attention kind it cannot compile or
+            on a quantized model.
         TypeError: for a ``generator`` that is not a ``torch.Generator``.
     """
     _check_int("max_new_tokens", max_new_tokens, 0)
@@ -300,6 +303,10 @@ def _compiled_run(model: nn.Module, compile: bool, backend: str, use_cache: bool
     if getattr(model, "_tensor_parallel", None) is not None:  # handformer.distributed
         raise ValueError("compile=True does not compile a tensor-parallel model (its "
                          "collectives run in forward hooks); use compile=False")
+    if any(isinstance(m, Int8Linear) for m in model.modules()):
+        raise ValueError("compile=True does not compile a quantized model (quantize='int8' "
+                         "or 'int4': torch.compile cannot trace its kernels and embedding); "
+                         "use compile=False, whose decoding step is the quantized fast path")
     kind = getattr(model.config, "attention", None)
     if kind not in ("full", "linear"):
         raise ValueError(f"compile=True supports attention='full' and 'linear' (caches of "

@@ -14,7 +14,7 @@ nothing between the tensor operations. Per layer (pre-LN, as GPT-2)::
     h = ln1(x)                              # (B, E); LayerNorm or RMSNorm
     q, k, v = linear(h, [W_q; W_k; W_v])    # viewed as (B, H, 1, D), (B, H_kv, 1, D) x 2:
                                             # one product where the weights are packed
-    q, k = q_norm(q), k_norm(k)             # QK-norm only
+    q, k = q_norm(q), k_norm(k)             # QK-norm only (both at once where they can)
     q, k = rotate(q), rotate(k)             # rotary positions only (the layer's own table)
     K, V, mask = cache.push(k, v)           # (B, H_kv, L_k, D); full: written in place,
                                             # sliding: a ring of the window and the new key
@@ -85,6 +85,24 @@ class _Norm:
 
 
 @dataclass(frozen=True)
+class _HeadNorms:
+    """A QK-norm applied to the queries and keys side by side, ``qk: (B, H + H_kv, 1, D)``:
+    RMSNorm over each head's ``D`` features with q's weight on the first ``H`` heads and k's
+    on the others (their offsets folded in), in one pass: the norm's five operations once
+    instead of twice, and no ``cat`` (0.5 ms a Gemma 3 step). The same arithmetic as
+    :class:`_Norm`, in float32 for half inputs."""
+
+    weight: Tensor  # (H + H_kv, 1, D)
+    eps: float
+
+    def __call__(self, qk: Tensor) -> Tensor:
+        x = qk.float() if qk.dtype in (torch.float16, torch.bfloat16) else qk
+        inv_rms = (x * x).mean(-1, keepdim=True).add_(self.eps).rsqrt_()  # (B, H + H_kv, 1, 1)
+        out = (x * inv_rms).mul_(self.weight)
+        return out if out.dtype == qk.dtype else out.to(qk.dtype)
+
+
+@dataclass(frozen=True)
 class _Layer:
     """One decoder layer's parameters and cache, read once (None: no bias / no such norm)."""
 
@@ -99,8 +117,9 @@ class _Layer:
     v: Linear | None
     qkv: Linear | None  # ((H + 2 H_kv) * D, E): q, k, v stored back to back (or None)
     out: Linear  # (E, H * D)
-    q_norm: _Norm | None  # (D,)
+    q_norm: _Norm | None  # (D,); None where qk_norm is there
     k_norm: _Norm | None
+    qk_norm: _HeadNorms | None  # both at once (RMSNorms of one eps)
     gated: bool
     ff1: Linear | None  # plain: linear1 (d_ff, E); gated: gate_proj (None where gate_up is)
     ff2: Linear  # plain: linear2 (E, d_ff); gated: down_proj
@@ -192,6 +211,18 @@ def _norm(module: nn.Module | None) -> _Norm | None:
 _STEP_IN_PLACE = ("relu", "silu")
 
 
+def _head_norms(q_norm: nn.Module | None, k_norm: nn.Module | None, heads: int,
+                kv_heads: int) -> _HeadNorms | None:
+    """The layer's q and k norms as one :class:`_HeadNorms` (None: no QK-norm, or one that is
+    not two RMSNorms of the same eps)."""
+    q, k = _norm(q_norm), _norm(k_norm)
+    if q is None or k is None or not (q.rms and k.rms) or q.eps != k.eps:
+        return None
+    D = q.weight.shape[-1]
+    weight = torch.cat([q.weight.expand(heads, D), k.weight.expand(kv_heads, D)])
+    return _HeadNorms(weight[:, None, :], q.eps)  # (H + H_kv, D) -> (H + H_kv, 1, D)
+
+
 def _activation(ff: FeedForward | GatedFeedForward) -> Callable[[Tensor], Tensor]:
     """The MLP's activation, overwriting its input where that is cheaper (see
     ``_STEP_IN_PLACE``) unless the module's activation was replaced."""
@@ -208,11 +239,14 @@ def _layer(layer: DecoderLayer, layer_cache: KVCache | WindowKVCache,
     gate_up = _packed(make, ff.gate_proj, ff.up_proj) if gated else None
     q, k, v = (None, None, None) if qkv is not None else (
         _linear(make, attn.q_proj), _linear(make, attn.k_proj), _linear(make, attn.v_proj))
+    qk_norm = _head_norms(attn.q_norm, attn.k_norm, attn.num_heads, attn.num_kv_heads)
+    separate = qk_norm is None
     return _Layer(
         norm_first=layer.norm_first, ln1=_norm(layer.ln1), ln2=_norm(layer.ln2),
         post_attn=_norm(layer.ln1_post), post_mlp=_norm(layer.ln2_post),
-        q=q, k=k, v=v, qkv=qkv,
-        out=_linear(make, attn.out_proj), q_norm=_norm(attn.q_norm), k_norm=_norm(attn.k_norm),
+        q=q, k=k, v=v, qkv=qkv, out=_linear(make, attn.out_proj),
+        q_norm=_norm(attn.q_norm) if separate else None,
+        k_norm=_norm(attn.k_norm) if separate else None, qk_norm=qk_norm,
         gated=gated,
         ff1=None if gate_up is not None else _linear(make, ff.gate_proj if gated else ff.linear1),
         ff2=_linear(make, ff.down_proj if gated else ff.linear2),
@@ -302,7 +336,9 @@ class PlainDecodeStep:
         for layer in self.layers:
             h = layer.ln1(x) if layer.norm_first else x
             qk, v = self._qk_v(layer, h)  # (B, H + H_kv, 1, D), (B, H_kv, 1, D)
-            if layer.q_norm is not None:
+            if layer.qk_norm is not None:
+                qk = layer.qk_norm(qk)
+            elif layer.q_norm is not None:
                 qk = torch.cat([layer.q_norm(qk[:, :H]), layer.k_norm(qk[:, H:])], dim=1)
             if layer.rotary is not None:  # q and k turned together: one rotation, not two
                 qk = rotate_with_tables(qk, *tables[id(layer.rotary)])
