@@ -118,9 +118,9 @@ def same_output(shown: str, printed: str) -> bool:
 
 
 # The English tutorial runs here, in this process (the quick loop: no Jupyter kernel); both
-# run, with the same output checks, as notebooks in tests/test_notebooks.py, twice each. The
-# Chinese one runs there only: its shared code is the English code (tested below) and its own
-# blocks load Gemma 3, which made this in-process run a duplicate of 33 s in the suite.
+# run, with the same output checks, as notebooks in tests/test_notebooks.py. The Chinese one
+# runs there only: its shared code is the English code (tested below) and its own blocks load
+# Gemma 3, which made this in-process run a duplicate of 33 s in the suite.
 @pytest.mark.parametrize("lang", ["en"])
 def test_tutorial_runs_and_prints_what_it_shows(lang: str, tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
