@@ -62,6 +62,22 @@ def gemma3(gemma3_file):  # noqa: ANN001, ANN201 - (CausalLM, LMTokenizer)
     return _once("gemma3", lambda: load_lm(gemma3_file))
 
 
+def hf_gguf_tokenizer(path):  # noqa: ANN001, ANN201 - a transformers tokenizer
+    """transformers' tokenizer read from the same GGUF file (the reference). Slow (4 s
+    SmolLM2, ~20 s Gemma 3): loaded once per session per file."""
+
+    def load():  # noqa: ANN202
+        import warnings
+
+        import transformers
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+    return _once(f"hf-tokenizer:{path}", load)
+
+
 def hf_gguf_reference(path):  # noqa: ANN001, ANN201 - a transformers model
     """transformers reading the same GGUF file (float32, eager attention): the reference.
     Slow (18 s SmolLM2, ~50 s Gemma 3): loaded once per session per file."""

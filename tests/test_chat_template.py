@@ -5,12 +5,12 @@ exits 2)."""
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import jinja2.sandbox
 import pytest
 
+from conftest import hf_gguf_tokenizer
 from handformer.chat.sandbox import RenderBudget
 from handformer.chat.template import (
     ChatTemplateError,
@@ -31,14 +31,9 @@ CONVERSATIONS = [
 
 @pytest.fixture(scope="module")
 def smol() -> tuple[LMTokenizer, object]:
-    import transformers
-
     path = smollm2_path()
     ours = LMTokenizer.from_gguf_metadata(gguf_metadata(path), source=path)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        theirs = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    return ours, theirs
+    return ours, hf_gguf_tokenizer(path)
 
 
 @pytest.mark.parametrize("add_generation_prompt", [True, False])

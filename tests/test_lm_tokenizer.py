@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import hf_gguf_tokenizer
 from handformer.tokenizers.gguf_vocab import byte_alphabet
 from handformer.tokenizers.lm import LMTokenizer
 from handformer.weights import CheckpointError
@@ -31,12 +32,6 @@ from tokenizer_util import (
 )
 
 transformers = pytest.importorskip("transformers")
-
-
-def hf_gguf_tokenizer(path: Path) -> object:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 
 
 @pytest.fixture(scope="module")
