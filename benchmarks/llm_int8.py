@@ -282,6 +282,7 @@ def bench_int8() -> tuple[dict, list[str]]:
     models = [bench_model(name) for name in MODELS]
     end = os.getloadavg()
     data = {"models": models, "goals": GOALS, "llama_cpp_issue_ms": LLAMA_CPP_MS,
+            "llama_cpp_depth": CONTEXT,
             "load_average_start": list(start), "load_average_end": list(end)}
     return data, markdown(data)
 
@@ -331,7 +332,10 @@ def markdown(data: dict) -> list[str]:
     lines = ["## int8 (`quantize=\"int8\"`) on the shipped GGUF models", "",
              f"Load average {start:.1f} at the start, {end:.1f} at the end. Decode: ms per "
              f"new token after {CONTEXT} tokens, the minimum of {ROUNDS} rounds, CPU time "
-             "(wall time in brackets); llama.cpp: measured in this run (in each round, the "
+             "(wall time in brackets); llama.cpp: measured in this run "
+             + (f"after the same {data['llama_cpp_depth']} tokens (`llama-bench -d "
+                f"{data['llama_cpp_depth']}`) " if data.get("llama_cpp_depth") else "")
+             + "(in each round, the "
              "minimum) where a figure has (run), else the issue's figure on this host (1 "
              "thread), CPU time at 1 thread and wall time at 2 (its threads spin while they "
              "wait, so its CPU time at 2 says little), compared with ours of the same kind. "
