@@ -10,6 +10,8 @@ Every handformer model passes its intermediate tensors through named hook points
 The cache's direct logit attribution (``cache.decompose_resid()``, ``cache.logit_attrs(...)``,
 :mod:`~handformer.inspect.attribution`), :func:`detect_heads` (:func:`detection_scores` for
 patterns you have) and :func:`attribution_patching` look inside causal language models.
+:func:`compare_runs` sets two models side by side, hook point by hook point (a quantized
+model against its float32 original).
 This package stands on the models and knows nothing of pictures (:mod:`handformer.viz`
 draws what it computes).
 """
@@ -23,6 +25,7 @@ from handformer.inspect.ablation import (
 )
 from handformer.inspect.act_names import act_name
 from handformer.inspect.attr_patching import attribution_patching
+from handformer.inspect.compare import PointDiff, RunComparison, compare_runs
 from handformer.inspect.detect import (
     detect_heads,
     detection_pattern,
@@ -72,6 +75,9 @@ __all__ = [
     "head_means",
     "patching_sweep",
     "attribution_patching",
+    "compare_runs",
+    "RunComparison",
+    "PointDiff",
     "detect_heads",
     "detection_pattern",
     "detection_scores",
