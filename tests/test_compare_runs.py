@@ -21,11 +21,12 @@ from handformer.models.int8_model import quantize_model
 V = 37
 
 
-def make(seed: int = 0) -> hf.CausalLM:
+def make(seed: int = 0, **overrides: object) -> hf.CausalLM:
     torch.manual_seed(seed)
-    config = hf.CausalLMConfig(vocab_size=V, max_len=16, d_model=32, num_heads=4, num_layers=3,
-                               d_ff=64, positional="rotary", norm="rms", mlp="gated",
-                               activation="silu", num_kv_heads=2, bias=False)
+    config = hf.CausalLMConfig(**{**dict(
+        vocab_size=V, max_len=16, d_model=32, num_heads=4, num_layers=3, d_ff=64,
+        positional="rotary", norm="rms", mlp="gated", activation="silu", num_kv_heads=2,
+        bias=False), **overrides})
     return hf.CausalLM(config).eval()
 
 
@@ -134,3 +135,18 @@ def test_an_unknown_point_is_refused_by_name() -> None:
         inspect.compare_runs(model, model, IDS, names="blocks.0.hook_nothing")
     with pytest.raises(KeyError, match="no hook point 'nowhere' was compared"):
         inspect.compare_runs(model, model, IDS, names="blocks.0.hook_resid_post")["nowhere"]
+
+
+def test_points_one_model_lacks_or_shapes_it_differs_on_are_listed_apart() -> None:
+    deeper, wider = make(), make(num_layers=2, d_ff=48)
+    comparison = inspect.compare_runs(deeper, wider, IDS)
+    assert comparison.only_in_first and all(n.startswith("blocks.2.")
+                                            for n in comparison.only_in_first)
+    assert not comparison.only_in_second
+    assert set(comparison.shape_mismatch) == {"blocks.0.mlp.hook_pre", "blocks.0.mlp.hook_post",
+                                              "blocks.0.mlp.hook_pre_linear",
+                                              "blocks.1.mlp.hook_pre", "blocks.1.mlp.hook_post",
+                                              "blocks.1.mlp.hook_pre_linear"}
+    compared = {p.name for p in comparison}
+    assert "blocks.1.hook_resid_post" in compared and "ln_final.hook_scale" in compared
+    assert not compared & (set(comparison.shape_mismatch) | set(comparison.only_in_first))

@@ -26,7 +26,7 @@ of ``KL(softmax a || softmax b)`` (in float64), and ``max |b - a|``; positions w
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,7 +73,7 @@ class RunComparison:
 
     Attributes:
         points: one :class:`PointDiff` per hook point both models have, in the order the
-            first model ran them.
+            second model ran them (the first's, for models of one architecture).
         top1_agreement: share of (unmasked) positions where both outputs' argmax agree (None
             when the models' outputs are not logits of one shape).
         mean_kl: mean over positions of ``KL(first || second)`` of the softmaxed outputs.
@@ -138,8 +138,10 @@ def compare_runs(first: nn.Module, second: nn.Module, *args: Any, names: Any = N
         *args, **kwargs: the models' inputs, as ``run_with_cache`` takes them (token ids,
             ``attention_mask=...``); an ``attention_mask`` also leaves padded positions out of
             the output statistics.
-        names: which points to compare, as ``run_with_cache``'s ``names`` (None: all; a glob
-            such as ``"blocks.*.hook_resid_post"`` keeps the memory of two caches small).
+        names: which points to compare, as ``run_with_cache``'s ``names`` (None: all). The
+            first model's kept activations are held until the second model reaches each
+            point (one cache at a time, at most); a glob such as
+            ``"blocks.*.hook_resid_post"`` keeps even that small.
 
     Returns:
         A :class:`RunComparison`.
@@ -148,39 +150,43 @@ def compare_runs(first: nn.Module, second: nn.Module, *args: Any, names: Any = N
         KeyError: for ``names`` matching no hook point of a model (as ``run_with_cache``).
     """
     with torch.inference_mode():
-        out_a, cache_a = _run(first, args, kwargs, names)
-        out_b, cache_b = _run(second, args, kwargs, names)
-        points, mismatch = [], []
-        for name in cache_a:
-            if name not in cache_b:
-                continue
-            a, b = cache_a[name], cache_b[name]
-            if a.shape != b.shape:
+        kept: dict[str, Tensor] = {}  # the first model's activations, in the order they ran
+        out_a = _run(first, args, kwargs, names, lambda t, name: kept.setdefault(name, t))
+        only_in_first = list(kept)
+        points: list[PointDiff] = []
+        mismatch, only_in_second, seen = [], [], set()
+
+        def compare(b: Tensor, name: str) -> None:  # as the second model runs: one cache held
+            if name in seen:
+                return
+            seen.add(name)
+            a = kept.pop(name, None)  # (freed once compared)
+            if a is None:
+                only_in_second.append(name)
+            elif a.shape != b.shape:
                 mismatch.append(name)
-                continue
-            points.append(_point(name, a, b))
+            else:
+                points.append(_point(name, a, b))
+
+        out_b = _run(second, args, kwargs, names, compare)
         outputs = _outputs(_logits(out_a), _logits(out_b), kwargs.get("attention_mask"))
     return RunComparison(
         points=tuple(points), top1_agreement=outputs[0], mean_kl=outputs[1],
-        max_logit_diff=outputs[2],
-        only_in_first=tuple(n for n in cache_a if n not in cache_b),
-        only_in_second=tuple(n for n in cache_b if n not in cache_a),
-        shape_mismatch=tuple(mismatch))
+        max_logit_diff=outputs[2], only_in_first=tuple(n for n in only_in_first if n in kept),
+        only_in_second=tuple(only_in_second), shape_mismatch=tuple(mismatch))
 
 
-def _run(model: nn.Module, args: tuple, kwargs: dict, names: Any
-         ) -> tuple[Any, dict[str, Tensor]]:
-    """The model's output and the chosen points' activations, in the order they ran (the
-    order :meth:`RunComparison.first_divergence` follows; the hook order lists a block's
-    ``hook_resid_post`` before its MLP's points)."""
+def _run(model: nn.Module, args: tuple, kwargs: dict, names: Any,
+         fn: Callable[[Tensor, str], object]) -> Any:
+    """Run ``model`` with ``fn(activation, name)`` called at each chosen point as it runs
+    (in the order they run: the order :meth:`RunComparison.first_divergence` follows; the
+    hook order lists a block's ``hook_resid_post`` before its MLP's points)."""
     chosen = select_names(hook_points(model), names)
-    kept: dict[str, Tensor] = {}
 
-    def keep(t: Tensor, name: str) -> None:
-        kept.setdefault(name, t.detach())
+    def look(t: Tensor, name: str) -> None:
+        fn(t.detach(), name)
 
-    out = run_with_hooks(model, *args, hooks={name: keep for name in chosen}, **kwargs)
-    return out, kept
+    return run_with_hooks(model, *args, hooks={name: look for name in chosen}, **kwargs)
 
 
 def _point(name: str, a: Tensor, b: Tensor) -> PointDiff:
