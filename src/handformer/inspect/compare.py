@@ -152,7 +152,6 @@ def compare_runs(first: nn.Module, second: nn.Module, *args: Any, names: Any = N
     with torch.inference_mode():
         kept: dict[str, Tensor] = {}  # the first model's activations, in the order they ran
         out_a = _run(first, args, kwargs, names, lambda t, name: kept.setdefault(name, t))
-        only_in_first = list(kept)
         points: list[PointDiff] = []
         mismatch, only_in_second, seen = [], [], set()
 
@@ -160,7 +159,7 @@ def compare_runs(first: nn.Module, second: nn.Module, *args: Any, names: Any = N
             if name in seen:
                 return
             seen.add(name)
-            a = kept.pop(name, None)  # (freed once compared)
+            a = kept.pop(name, None)  # (freed once compared: what stays is the first's own)
             if a is None:
                 only_in_second.append(name)
             elif a.shape != b.shape:
@@ -172,7 +171,7 @@ def compare_runs(first: nn.Module, second: nn.Module, *args: Any, names: Any = N
         outputs = _outputs(_logits(out_a), _logits(out_b), kwargs.get("attention_mask"))
     return RunComparison(
         points=tuple(points), top1_agreement=outputs[0], mean_kl=outputs[1],
-        max_logit_diff=outputs[2], only_in_first=tuple(n for n in only_in_first if n in kept),
+        max_logit_diff=outputs[2], only_in_first=tuple(kept),
         only_in_second=tuple(only_in_second), shape_mismatch=tuple(mismatch))
 
 

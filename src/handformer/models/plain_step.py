@@ -75,31 +75,14 @@ class _Norm:
     def __call__(self, x: Tensor) -> Tensor:
         if not self.rms:
             return torch.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
-        if x.dtype in (torch.float16, torch.bfloat16):  # as RMSNorm: in float32
-            return torch.rms_norm(x.float(), (x.shape[-1],), self.weight.float(),
-                                  self.eps).to(x.dtype)
         # torch.rms_norm's own steps, in as few calls (its CPU kernel makes about 18 for a
-        # 576-wide row): x * rsqrt(mean(x^2) + eps) * w, the same bits.
-        inv_rms = (x * x).mean(-1, keepdim=True).add_(self.eps).rsqrt_()  # (..., 1)
-        return (x * inv_rms).mul_(self.weight)
-
-
-@dataclass(frozen=True)
-class _HeadNorms:
-    """A QK-norm applied to the queries and keys side by side, ``qk: (B, H + H_kv, 1, D)``:
-    RMSNorm over each head's ``D`` features with q's weight on the first ``H`` heads and k's
-    on the others (their offsets folded in), in one pass: the norm's five operations once
-    instead of twice, and no ``cat`` (0.5 ms a Gemma 3 step). The same arithmetic as
-    :class:`_Norm`, in float32 for half inputs."""
-
-    weight: Tensor  # (H + H_kv, 1, D)
-    eps: float
-
-    def __call__(self, qk: Tensor) -> Tensor:
-        x = qk.float() if qk.dtype in (torch.float16, torch.bfloat16) else qk
-        inv_rms = (x * x).mean(-1, keepdim=True).add_(self.eps).rsqrt_()  # (B, H + H_kv, 1, 1)
-        out = (x * inv_rms).mul_(self.weight)
-        return out if out.dtype == qk.dtype else out.to(qk.dtype)
+        # 576-wide row): x * rsqrt(mean(x^2) + eps) * w, the same bits; half inputs in
+        # float32 (as RMSNorm), cast back. The weight broadcasts: one per head for a QK-norm
+        # applied to q and k side by side (_head_norms).
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        inv_rms = (xf * xf).mean(-1, keepdim=True).add_(self.eps).rsqrt_()  # (..., 1)
+        out = (xf * inv_rms).mul_(self.weight)
+        return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
 @dataclass(frozen=True)
@@ -119,7 +102,7 @@ class _Layer:
     out: Linear  # (E, H * D)
     q_norm: _Norm | None  # (D,); None where qk_norm is there
     k_norm: _Norm | None
-    qk_norm: _HeadNorms | None  # both at once (RMSNorms of one eps)
+    qk_norm: _Norm | None  # both at once, weight (H + H_kv, 1, D) (RMSNorms of one eps)
     gated: bool
     ff1: Linear | None  # plain: linear1 (d_ff, E); gated: gate_proj (None where gate_up is)
     ff2: Linear  # plain: linear2 (E, d_ff); gated: down_proj
@@ -212,15 +195,17 @@ _STEP_IN_PLACE = ("relu", "silu")
 
 
 def _head_norms(q_norm: nn.Module | None, k_norm: nn.Module | None, heads: int,
-                kv_heads: int) -> _HeadNorms | None:
-    """The layer's q and k norms as one :class:`_HeadNorms` (None: no QK-norm, or one that is
-    not two RMSNorms of the same eps)."""
+                kv_heads: int) -> _Norm | None:
+    """The layer's q and k norms as one RMSNorm over ``qk: (B, H + H_kv, 1, D)``, q's weight
+    on the first ``H`` heads and k's on the others (None: no QK-norm, or one that is not two
+    RMSNorms of the same eps). The norm's five operations once instead of twice, and no
+    ``cat``: 0.5 ms a Gemma 3 step."""
     q, k = _norm(q_norm), _norm(k_norm)
     if q is None or k is None or not (q.rms and k.rms) or q.eps != k.eps:
         return None
     D = q.weight.shape[-1]
     weight = torch.cat([q.weight.expand(heads, D), k.weight.expand(kv_heads, D)])
-    return _HeadNorms(weight[:, None, :], q.eps)  # (H + H_kv, D) -> (H + H_kv, 1, D)
+    return _Norm(True, weight[:, None, :], None, q.eps)  # (H + H_kv, D) -> (H + H_kv, 1, D)
 
 
 def _activation(ff: FeedForward | GatedFeedForward) -> Callable[[Tensor], Tensor]:
